@@ -1,0 +1,151 @@
+"""The execution backend interface: everything a mode needs, and nothing else.
+
+Core's decorators talk only to these classes. A backend creates the workers of a remote class
+(`WorkerGroup`), runs a method on chosen workers with per-worker arguments (`PendingCall`), and
+tells who the current process is. Dispatch, execute and collect are done by core on top of
+them, so every backend gives the same meaning to the same driver code.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from .device_group import DeviceGroup
+from .device_mesh import DeviceMesh
+
+if TYPE_CHECKING:
+    from .collect import Collector
+    from .context import WorkerContext
+    from .lazy import LazyCollect
+    from .runtime import RuntimeConfig
+
+
+@dataclass(frozen=True)
+class WorkerCall:
+    """Run a method on worker `rank` (index within its group) with these arguments."""
+
+    rank: int
+    args: tuple
+    kwargs: dict
+
+
+@dataclass(frozen=True)
+class WorkerPlacement:
+    """Where one worker runs: for `get_device_placement()`."""
+
+    rank: int
+    node: str | None = None
+    devices: tuple[int, ...] = ()
+    device_type: str = "cpu"
+
+
+class PendingCall(ABC):
+    """One method call in flight on some workers."""
+
+    @abstractmethod
+    def wait(self, timeout: float | None) -> list[Any]:
+        """Results in the order of the calls submitted.
+
+        Raises `twinkle_core.failures.WorkerErrors` as soon as any worker failed (fail fast),
+        and `CallTimeoutError` when `timeout` seconds pass first.
+        """
+
+    @abstractmethod
+    def done(self) -> bool:
+        """Whether `wait` would return or raise without blocking."""
+
+    def collect(self, collector: Collector, device_mesh: DeviceMesh, timeout: float | None) -> Any:
+        """Wait and collect; backends that can reduce numbers in place may override."""
+        return collector.collect(self.wait(timeout), device_mesh)
+
+
+class CompletedCall(PendingCall):
+    """A call that has finished: either values or failures are known."""
+
+    def __init__(self, results: list[Any], failures: list | None = None) -> None:
+        self.results = results
+        self.failures = failures or []
+
+    def wait(self, timeout: float | None) -> list[Any]:
+        if self.failures:
+            from .failures import WorkerErrors
+
+            raise WorkerErrors(self.failures)
+        return self.results
+
+    def done(self) -> bool:
+        return True
+
+
+class WorkerGroup(ABC):
+    """The workers of one remote class instance, bound to one `DeviceGroup`.
+
+    It travels with the driver-side object: when that object is passed into another group's
+    worker, the worker submits calls through this same WorkerGroup, so it must be picklable
+    on backends with several processes.
+    """
+
+    def __init__(
+        self,
+        group: DeviceGroup,
+        device_mesh: DeviceMesh,
+        class_name: str,
+        size: int,
+        placements: list[WorkerPlacement] | None = None,
+    ) -> None:
+        self.group = group
+        self.device_mesh = device_mesh
+        self.class_name = class_name
+        self.size = size
+        self.placements = placements or [WorkerPlacement(r) for r in range(size)]
+
+    @abstractmethod
+    def submit(self, method: str, calls: list[WorkerCall]) -> PendingCall:
+        """Start `method` on each call's worker; must not block on the workers' results."""
+
+    def resolve_argument(self, value: LazyCollect) -> Any:
+        """How a LazyCollect argument is handed to this group (default: its collected value)."""
+        return value()
+
+
+class ExecutionBackend(ABC):
+    """A mode of execution (`initialize(mode=name)`), registered by a plugin."""
+
+    name: ClassVar[str] = ""
+
+    def __init__(self) -> None:
+        self.config: RuntimeConfig | None = None
+
+    def initialize(self, config: RuntimeConfig) -> None:
+        """Prepare the mode; may add default groups to `config.groups`. Validate early."""
+        self.config = config
+
+    @abstractmethod
+    def create_workers(
+        self,
+        cls: type,
+        group: DeviceGroup,
+        device_mesh: DeviceMesh,
+        args: tuple,
+        kwargs: dict,
+        *,
+        num_workers: int,
+    ) -> WorkerGroup:
+        """Create `num_workers` instances of `cls(*args, **kwargs)` on `group`, one per rank."""
+
+    def shutdown(self) -> None:
+        """Release everything the backend made; safe to call twice."""
+
+    def worker_context(self) -> WorkerContext | None:
+        """The identity of the current process when it is itself a worker (torchrun)."""
+        return None
+
+    def claim_notification(self, key: str) -> bool:
+        """Whether this process should send the alert `key` (one sender per job)."""
+        return True
+
+    def describe(self) -> dict[str, Any]:
+        """Facts shown in the header of `get_device_placement()`."""
+        return {}

@@ -1,0 +1,149 @@
+"""One remote call: resolve arguments, dispatch, choose workers, submit, collect.
+
+This is the single place that gives dispatch/execute/collect their meaning; backends only
+create workers and run what they are told on them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .backend import WorkerCall, WorkerGroup
+from .callsite import CallSite
+from .collect import Collector, as_collector
+from .context import get_worker_context
+from .device_mesh import DeviceMesh
+from .dispatch import Dispatcher, as_dispatcher
+from .errors import CallTimeoutError, ConfigurationError
+from .failures import CALLER_TAG, RemoteFailure, WorkerErrors, tag_exception
+from .lazy import LazyCollect
+
+EXECUTE_MODES = ("all", "first", "peer")
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """How a `@remote_function` method is dispatched, executed and collected."""
+
+    name: str
+    qualname: str
+    dispatch: Any = "slice"
+    execute: str = "all"
+    collect: Any = "none"
+    sync: bool = False
+    lazy_collect: bool | None = None
+    timeout: float | None = None
+
+    def resolved(self) -> tuple[Dispatcher, Collector]:
+        return (
+            as_dispatcher(self.dispatch, argument=f"{self.qualname}: dispatch"),
+            as_collector(self.collect, argument=f"{self.qualname}: collect"),
+        )
+
+
+class RemoteBinding:
+    """What ties a driver-side object to its workers. Copies of it are the same binding."""
+
+    def __init__(self, workers: WorkerGroup, run_name: str, mode: str, lazy_collect: bool) -> None:
+        self.workers = workers
+        self.run_name = run_name
+        self.mode = mode
+        self.lazy_collect = lazy_collect
+
+    def __deepcopy__(self, memo: dict) -> RemoteBinding:
+        return self
+
+    def __copy__(self) -> RemoteBinding:
+        return self
+
+
+def target_ranks(execute: str, workers: WorkerGroup) -> list[int]:
+    """Which workers run a call: all, the first, or the caller's peer (same rank, modulo size)."""
+    if execute == "all":
+        return list(range(workers.size))
+    if execute == "first":
+        return [0]
+    if execute == "peer":
+        ctx = get_worker_context()
+        if ctx is None:
+            return list(range(workers.size))
+        return [ctx.rank % workers.size]
+    raise ConfigurationError(f"execute must be one of {EXECUTE_MODES}, got {execute!r}")
+
+
+def _resolve_lazy(value: Any, workers: WorkerGroup) -> Any:
+    if isinstance(value, LazyCollect):
+        return workers.resolve_argument(value)
+    if isinstance(value, dict):
+        new = {k: _resolve_lazy(v, workers) for k, v in value.items()}
+        return new if any(new[k] is not value[k] for k in value) else value
+    if type(value) in (list, tuple):
+        new_items = [_resolve_lazy(v, workers) for v in value]
+        if any(a is not b for a, b in zip(new_items, value)):
+            return type(value)(new_items)
+    return value
+
+
+def _mesh_for(targets: list[int], workers: WorkerGroup) -> DeviceMesh:
+    mesh = workers.device_mesh
+    if len(targets) == mesh.world_size:
+        return mesh
+    return DeviceMesh.from_sizes(dp_size=len(targets))
+
+
+def invoke(
+    binding: RemoteBinding, spec: MethodSpec, args: tuple, kwargs: dict, call_site: CallSite
+) -> Any:
+    """Run `spec` on the bound workers; a LazyCollect, or the value when lazy collection is off."""
+    from .runtime import current_runtime_or_none
+
+    dispatcher, collector = spec.resolved()
+    workers = binding.workers
+    targets = target_ranks(spec.execute, workers)
+    args = _resolve_lazy(args, workers)
+    kwargs = _resolve_lazy(kwargs, workers)
+    mesh = _mesh_for(targets, workers)
+    per_worker = dispatcher.dispatch(args, kwargs, len(targets), mesh)
+    if not isinstance(per_worker, list) or len(per_worker) != len(targets):
+        raise ConfigurationError(
+            f"dispatcher {dispatcher!r} returned {type(per_worker).__name__} of "
+            f"{len(per_worker) if hasattr(per_worker, '__len__') else '?'} entries for "
+            f"{len(targets)} workers; it must return a list of one (args, kwargs) per worker"
+        )
+    calls = [WorkerCall(rank, tuple(a), dict(k)) for rank, (a, k) in zip(targets, per_worker)]
+    pending = workers.submit(spec.name, calls)
+    method = f"{workers.class_name}.{spec.name}"
+
+    def resolve(timeout: float | None) -> Any:
+        deadline = timeout if timeout is not None else spec.timeout
+        try:
+            return pending.collect(collector, mesh, deadline)
+        except WorkerErrors as errors:
+            failure = RemoteFailure(
+                run_name=binding.run_name,
+                method=method,
+                group=workers.group.name,
+                call_site=call_site,
+                failures=errors.failures,
+                mode=binding.mode,
+            )
+        except CallTimeoutError as exc:
+            tag = CALLER_TAG.format(site=call_site)
+            if exc.args and isinstance(exc.args[0], str) and not exc.args[0].startswith(tag):
+                exc.args = (f"{tag} {method}: {exc.args[0]}", *exc.args[1:])
+            raise
+        runtime = current_runtime_or_none()
+        if runtime is not None and not isinstance(failure.exception, StopIteration):
+            runtime.report(failure)
+        raise tag_exception(failure)
+
+    lazy = LazyCollect(resolve, pending.done, describe=f"{method} from {call_site}")
+    runtime = current_runtime_or_none()
+    if runtime is not None and runtime.config.name == binding.run_name:
+        runtime.track(lazy)
+    lazy_on = spec.lazy_collect if spec.lazy_collect is not None else binding.lazy_collect
+    if spec.sync or not lazy_on:
+        value = lazy()
+        return lazy if lazy_on else value
+    return lazy

@@ -1,0 +1,43 @@
+"""Finding the user's own call site, so failures point at the driver line that caused them."""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+
+# Frames from these packages are twinkle's plumbing, never the user's call site.
+_INTERNAL_PREFIXES = ("twinkle_core", "twinkle_local", "twinkle_ray", "twinkle_notify_dingtalk")
+_INTERNAL_DIRS = tuple(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep + p + os.sep
+    for p in _INTERNAL_PREFIXES
+)
+
+
+@dataclass(frozen=True)
+class CallSite:
+    """Where in the user's code a remote call was made."""
+
+    filename: str
+    lineno: int
+    function: str
+
+    def __str__(self) -> str:
+        return f"{self.filename}:{self.lineno}"
+
+
+def _is_internal(frame) -> bool:
+    module = frame.f_globals.get("__name__", "")
+    if module.split(".", 1)[0] in _INTERNAL_PREFIXES:
+        return True
+    return frame.f_code.co_filename.startswith(_INTERNAL_DIRS)
+
+
+def user_call_site(skip: int = 1) -> CallSite:
+    """The innermost frame outside twinkle's packages, starting `skip` frames above the caller."""
+    frame = sys._getframe(skip)
+    while frame is not None and _is_internal(frame):
+        frame = frame.f_back
+    if frame is None:
+        return CallSite("<unknown>", 0, "<unknown>")
+    return CallSite(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)

@@ -1,0 +1,190 @@
+"""Collectors: how the results of all workers become the one value the caller receives."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import operator
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from .device_mesh import DeviceMesh
+from .errors import ConfigurationError
+from .structure import combine, torch_module
+
+
+class Collector(ABC):
+    """Combines the per-worker results of a call (in worker-rank order) into one value.
+
+    `reduce_op` ('sum' or 'mean') tells backends that can all-reduce numbers that this
+    collector is a plain numeric reduction, so they may skip gathering Python objects.
+    """
+
+    name: str = ""
+    reduce_op: str | None = None
+
+    @abstractmethod
+    def collect(self, results: list, device_mesh: DeviceMesh | None) -> Any:
+        """Return the collected value."""
+
+
+class FunctionCollector(Collector):
+    """Adapts a plain function with `collect`'s parameters."""
+
+    def __init__(self, fn: Callable[[list, DeviceMesh | None], Any], name: str = "") -> None:
+        self.fn = fn
+        self.name = name or getattr(fn, "__name__", "collect")
+
+    def collect(self, results, device_mesh):
+        return self.fn(results, device_mesh)
+
+    def __repr__(self) -> str:
+        return f"FunctionCollector({self.name})"
+
+
+def representatives(results: list, device_mesh: DeviceMesh | None) -> list:
+    """One result per data shard (the mesh's collect ranks) when the results cover the mesh.
+
+    tp/pp/cp/ep peers compute the same data shard; counting them again would skew a mean and
+    duplicate a concatenation.
+    """
+    if device_mesh is not None and len(results) == device_mesh.world_size > 1:
+        index = {rank: i for i, rank in enumerate(device_mesh.ranks)}
+        return [results[index[r]] for r in device_mesh.collect_ranks()]
+    return list(results)
+
+
+class NoneCollector(Collector):
+    """The list of every worker's result, in rank order."""
+
+    name = "none"
+
+    def collect(self, results, device_mesh):
+        return list(results)
+
+
+class FirstCollector(Collector):
+    """The first worker's result."""
+
+    name = "first"
+
+    def collect(self, results, device_mesh):
+        return results[0]
+
+
+class LastPPCollector(Collector):
+    """The results of the ranks on the last pipeline stage, in rank order."""
+
+    name = "last_pp"
+
+    def collect(self, results, device_mesh):
+        if device_mesh is None or len(results) != device_mesh.world_size:
+            return list(results)
+        index = {rank: i for i, rank in enumerate(device_mesh.ranks)}
+        return [results[index[r]] for r in device_mesh.pp_last_ranks()]
+
+
+def _flatten_leaf(values: list) -> list:
+    out: list = []
+    for v in values:
+        if isinstance(v, list):
+            out.extend(v)
+        else:
+            out.append(v)
+    return out
+
+
+class FlattenCollector(Collector):
+    """One list of every data shard's items: list results are joined, other results appended."""
+
+    name = "flatten"
+
+    def collect(self, results, device_mesh):
+        reps = representatives(results, device_mesh)
+        if all(isinstance(r, list) for r in reps):
+            return _flatten_leaf(reps)
+        return combine(reps, _flatten_leaf)
+
+
+def _sum_leaf(values: list) -> Any:
+    return functools.reduce(operator.add, values)
+
+
+def _mean_leaf(values: list) -> Any:
+    return _sum_leaf(values) / len(values)
+
+
+class SumCollector(Collector):
+    """Sum over data shards (numbers, numpy arrays, tensors; dicts per key, tuples per item)."""
+
+    name = "sum"
+    reduce_op = "sum"
+
+    def collect(self, results, device_mesh):
+        return combine(representatives(results, device_mesh), _sum_leaf)
+
+
+class MeanCollector(Collector):
+    """Mean over data shards (numbers, numpy arrays, tensors; dicts per key, tuples per item)."""
+
+    name = "mean"
+    reduce_op = "mean"
+
+    def collect(self, results, device_mesh):
+        return combine(representatives(results, device_mesh), _mean_leaf)
+
+
+def _concat_leaf(values: list) -> Any:
+    first = values[0]
+    torch = torch_module(first)
+    if torch is not None and isinstance(first, torch.Tensor):
+        return torch.cat([v if v.dim() else v.reshape(1) for v in values], dim=0)
+    if isinstance(first, np.ndarray):
+        return np.concatenate([np.atleast_1d(v) for v in values], axis=0)
+    if isinstance(first, list):
+        return _flatten_leaf(values)
+    return np.asarray(values)
+
+
+class ConcatCollector(Collector):
+    """Concatenation along dim 0 over data shards: numpy arrays, torch tensors, lists."""
+
+    name = "concat"
+
+    def collect(self, results, device_mesh):
+        return combine(representatives(results, device_mesh), _concat_leaf)
+
+
+BUILTIN_COLLECTORS: dict[str, Collector] = {
+    c.name: c
+    for c in (
+        NoneCollector(),
+        FirstCollector(),
+        FlattenCollector(),
+        MeanCollector(),
+        SumCollector(),
+        LastPPCollector(),
+        ConcatCollector(),
+    )
+}
+
+
+def as_collector(obj: Any, *, argument: str = "collect") -> Collector:
+    """Accept a registered name, a Collector (class or instance), or a plain function."""
+    from .plugins import get_plugin
+
+    if isinstance(obj, str):
+        return as_collector(get_plugin("collectors", obj), argument=argument)
+    if isinstance(obj, Collector):
+        return obj
+    if inspect.isclass(obj) and issubclass(obj, Collector):
+        return obj()
+    if callable(obj):
+        return FunctionCollector(obj)
+    raise ConfigurationError(
+        f"{argument} must be a collector name (e.g. 'mean'), a Collector, or a function "
+        f"(results, device_mesh) -> value; got {obj!r}"
+    )

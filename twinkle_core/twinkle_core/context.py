@@ -1,0 +1,69 @@
+"""The worker context: tells code running inside a worker who it is, the same way on every backend."""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from .device_mesh import DeviceMesh
+
+
+@dataclass(frozen=True)
+class WorkerContext:
+    """Identity of one worker of a remote class.
+
+    `rank` and `world_size` are within the worker's group (what `torch.distributed` sees inside
+    that group); `local_rank`/`local_world_size` are within the worker's node.
+    """
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    group_name: str
+    device_mesh: DeviceMesh
+    node_id: str | None = None
+    device_type: str = "cpu"
+    device_ids: tuple[int, ...] = ()
+
+    @property
+    def data_rank(self) -> int:
+        """Which data shard this worker receives from `slice_dp`."""
+        return self.device_mesh.data_rank(self.rank)
+
+    @property
+    def data_world_size(self) -> int:
+        return self.device_mesh.data_world_size
+
+
+_current: contextvars.ContextVar[WorkerContext | None] = contextvars.ContextVar(
+    "twinkle_worker_context", default=None
+)
+_process_context: WorkerContext | None = None
+
+
+def get_worker_context() -> WorkerContext | None:
+    """The context of the worker running the current code, or None on a driver.
+
+    Inside a remote method this is the worker's identity; in the driver (in-process or Ray)
+    it is None.
+    """
+    return _current.get() or _process_context
+
+
+@contextlib.contextmanager
+def worker_context(ctx: WorkerContext) -> Iterator[WorkerContext]:
+    """Make `ctx` the current worker context for the duration of the block (re-entrant)."""
+    token = _current.set(ctx)
+    try:
+        yield ctx
+    finally:
+        _current.reset(token)
+
+
+def set_process_worker_context(ctx: WorkerContext | None) -> None:
+    """Set the context for the whole process: used by backends with one worker per process."""
+    global _process_context
+    _process_context = ctx

@@ -1,0 +1,122 @@
+"""`DeviceGroup`: a named set of ranks on one kind of device, the unit a remote class is placed on."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from .errors import ConfigurationError
+
+# Aliases users write for the canonical device type names. Platforms registered by plugins add
+# their own names; these are only the spellings that differ from a platform name.
+DEVICE_TYPE_ALIASES = {
+    "gpu": "cuda",
+    "nvidia": "cuda",
+    "ascend": "npu",
+    "host": "cpu",
+}
+
+
+def canonical_device_type(device_type: str) -> str:
+    """Lower-case `device_type` and map aliases (`GPU` -> `cuda`, `Ascend` -> `npu`)."""
+    if not isinstance(device_type, str) or not device_type.strip():
+        raise ConfigurationError(
+            f"device_type must be a non-empty string such as 'cuda', 'npu' or 'cpu', "
+            f"got {device_type!r}"
+        )
+    name = device_type.strip().lower()
+    return DEVICE_TYPE_ALIASES.get(name, name)
+
+
+@dataclass(frozen=True)
+class DeviceGroup:
+    """A named group of workers on one device type.
+
+    `ranks` is a list of global device ranks (which accelerators the group occupies), or, for
+    CPU groups, a count of worker processes. `gpus_per_worker` gives each worker several devices.
+    `visible_devices` pins the group to explicit physical device ids instead of the planned ones.
+    """
+
+    name: str
+    ranks: Sequence[int] | int
+    device_type: str = "cpu"
+    gpus_per_worker: int = 1
+    visible_devices: Sequence[int] | None = None
+    _rank_list: tuple[int, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ConfigurationError(
+                f"DeviceGroup(name=...) must be a non-empty string, got {self.name!r}"
+            )
+        object.__setattr__(self, "device_type", canonical_device_type(self.device_type))
+        ranks = self.ranks
+        if isinstance(ranks, bool) or not isinstance(ranks, (int, Sequence)):
+            raise ConfigurationError(
+                f"DeviceGroup {self.name!r}: ranks must be a list of global ranks or a worker "
+                f"count, got {ranks!r}"
+            )
+        if isinstance(ranks, int):
+            if ranks < 1:
+                raise ConfigurationError(
+                    f"DeviceGroup {self.name!r}: ranks as a count must be >= 1, got {ranks}"
+                )
+            rank_list = tuple(range(ranks))
+        else:
+            rank_list = tuple(ranks)
+            if not rank_list:
+                raise ConfigurationError(f"DeviceGroup {self.name!r}: ranks must not be empty")
+            bad = [r for r in rank_list if isinstance(r, bool) or not isinstance(r, int) or r < 0]
+            if bad:
+                raise ConfigurationError(
+                    f"DeviceGroup {self.name!r}: ranks must be non-negative integers, got {bad}"
+                )
+            if len(set(rank_list)) != len(rank_list):
+                raise ConfigurationError(
+                    f"DeviceGroup {self.name!r}: ranks contain duplicates: {list(rank_list)}"
+                )
+        if isinstance(self.gpus_per_worker, bool) or not isinstance(self.gpus_per_worker, int) or (
+            self.gpus_per_worker < 1
+        ):
+            raise ConfigurationError(
+                f"DeviceGroup {self.name!r}: gpus_per_worker must be an integer >= 1, "
+                f"got {self.gpus_per_worker!r}"
+            )
+        if len(rank_list) % self.gpus_per_worker:
+            raise ConfigurationError(
+                f"DeviceGroup {self.name!r}: {len(rank_list)} ranks cannot be split into workers "
+                f"of gpus_per_worker={self.gpus_per_worker}; use a multiple of it"
+            )
+        if self.visible_devices is not None:
+            devices = tuple(self.visible_devices)
+            if len(devices) != len(rank_list):
+                raise ConfigurationError(
+                    f"DeviceGroup {self.name!r}: visible_devices has {len(devices)} entries but "
+                    f"the group has {len(rank_list)} ranks; give one device id per rank"
+                )
+            object.__setattr__(self, "visible_devices", devices)
+        object.__setattr__(self, "_rank_list", rank_list)
+
+    @property
+    def rank_list(self) -> tuple[int, ...]:
+        """The group's device ranks as a tuple (a count `n` becomes `0..n-1`)."""
+        return self._rank_list
+
+    @property
+    def num_devices(self) -> int:
+        """How many devices (or CPU slots) the group occupies."""
+        return len(self._rank_list)
+
+    @property
+    def num_workers(self) -> int:
+        """How many worker processes the group has: one per `gpus_per_worker` devices."""
+        return len(self._rank_list) // self.gpus_per_worker
+
+    @property
+    def is_cpu(self) -> bool:
+        return self.device_type == "cpu"
+
+    def worker_ranks(self, worker: int) -> tuple[int, ...]:
+        """The device ranks that worker number `worker` of this group owns."""
+        g = self.gpus_per_worker
+        return self._rank_list[worker * g : (worker + 1) * g]

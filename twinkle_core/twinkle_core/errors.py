@@ -1,0 +1,35 @@
+"""Exception types raised by twinkle itself (not by user code running in workers)."""
+
+from __future__ import annotations
+
+
+class TwinkleError(Exception):
+    """Base class of every error twinkle raises on its own behalf."""
+
+
+class ConfigurationError(TwinkleError, ValueError):
+    """An argument or setting is invalid; the message names it and says how to fix it."""
+
+
+class NotInitializedError(TwinkleError, RuntimeError):
+    """A call needs `twinkle_core.initialize()` first."""
+
+
+class PluginNotFoundError(TwinkleError, LookupError):
+    """A backend, dispatcher, collector, platform or notifier name is not registered."""
+
+
+class PluginLoadError(TwinkleError, ImportError):
+    """A plugin failed to import, or declares a twinkle-core range this core does not satisfy."""
+
+
+class DuplicatePluginError(TwinkleError):
+    """Two plugins registered the same name for the same kind."""
+
+
+class WorkerDiedError(TwinkleError, RuntimeError):
+    """A worker process died (killed, out of memory, crashed) while the driver waited on it."""
+
+
+class CallTimeoutError(TwinkleError, TimeoutError):
+    """A remote call did not finish within its deadline."""

@@ -1,0 +1,148 @@
+"""Turning a failure on remote workers into the exception the caller sees.
+
+The caller gets the original exception type, its message prefixed with the driver call site
+(`[twinkle driver caller: FILE:LINE]`), and notes naming the method, group, ranks and nodes.
+Several ranks failing are grouped: one line per distinct error with its ranks.
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from dataclasses import dataclass, field
+
+from .callsite import CallSite
+
+CALLER_TAG = "[twinkle driver caller: {site}]"
+
+
+@dataclass
+class RankFailure:
+    """One worker's failure: the exception it raised (or a WorkerDiedError for it)."""
+
+    rank: int
+    exception: BaseException
+    node: str | None = None
+    traceback: str = ""
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (type(self.exception).__name__, _plain_message(self.exception))
+
+
+class WorkerErrors(Exception):
+    """Raised by a backend's pending call when workers failed; carries every failure known."""
+
+    def __init__(self, failures: list[RankFailure]) -> None:
+        super().__init__(f"{len(failures)} worker(s) failed")
+        self.failures = failures
+
+
+@dataclass
+class RemoteFailure:
+    """Everything known about one failed remote call, as given to notifiers and hooks."""
+
+    run_name: str
+    method: str
+    group: str
+    call_site: CallSite
+    failures: list[RankFailure]
+    mode: str = ""
+    _distinct: list[tuple[tuple[str, str], list[RankFailure]]] = field(
+        default_factory=list, repr=False
+    )
+
+    def __post_init__(self) -> None:
+        groups: dict[tuple[str, str], list[RankFailure]] = {}
+        for f in sorted(self.failures, key=lambda f: f.rank):
+            groups.setdefault(f.key, []).append(f)
+        self._distinct = list(groups.items())
+
+    @property
+    def exception(self) -> BaseException:
+        """The exception of the lowest failing rank; the one raised to the caller."""
+        return self._distinct[0][1][0].exception
+
+    def distinct(self) -> list[tuple[tuple[str, str], list[RankFailure]]]:
+        """Failures grouped by (exception type, message), lowest rank first."""
+        return self._distinct
+
+    def dedupe_key(self, error_key: tuple[str, str]) -> str:
+        return f"{self.method}|{self.call_site}|{error_key[0]}|{error_key[1]}"
+
+    def summary_lines(self) -> list[str]:
+        lines = []
+        for (etype, message), fails in self._distinct:
+            ranks = ",".join(str(f.rank) for f in fails)
+            nodes = sorted({f.node for f in fails if f.node})
+            where = f" on node {','.join(nodes)}" if nodes else ""
+            lines.append(f"{etype}: {message} (group {self.group!r}, rank {ranks}{where})")
+        return lines
+
+    def alert(self, error_key: tuple[str, str]) -> tuple[str, str]:
+        """A (title, markdown text) pair describing one distinct error of this failure."""
+        fails = dict(self._distinct)[error_key]
+        ranks = ", ".join(str(f.rank) for f in fails)
+        nodes = ", ".join(sorted({f.node for f in fails if f.node})) or "-"
+        title = f"twinkle run {self.run_name}: {self.method} failed"
+        tb = fails[0].traceback.strip()
+        text = "\n".join(
+            [
+                f"### {title}",
+                f"- **run**: {self.run_name}" + (f" (mode {self.mode})" if self.mode else ""),
+                f"- **what failed**: `{self.method}`",
+                f"- **driver call site**: `{self.call_site}`",
+                f"- **group / rank**: {self.group} / {ranks}",
+                f"- **node**: {nodes}",
+                f"- **error**: `{error_key[0]}: {error_key[1]}`",
+                "",
+                "```",
+                tb or f"{error_key[0]}: {error_key[1]}",
+                "```",
+            ]
+        )
+        return title, text
+
+
+def _plain_message(exc: BaseException) -> str:
+    """The exception's message without any twinkle caller tags."""
+    text = str(exc)
+    while text.startswith("[twinkle driver caller: "):
+        end = text.find("] ")
+        if end < 0:
+            break
+        text = text[end + 2 :]
+    return text
+
+
+def format_remote_traceback(exc: BaseException) -> str:
+    return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+
+
+def _add_note(exc: BaseException, note: str) -> None:
+    if sys.version_info >= (3, 11):
+        exc.add_note(note)
+    else:  # pragma: no cover - Python 3.10
+        exc.__notes__ = [*getattr(exc, "__notes__", []), note]
+
+
+def tag_exception(failure: RemoteFailure) -> BaseException:
+    """Prefix the raised exception with the call site and note what failed where."""
+    exc = failure.exception
+    tag = CALLER_TAG.format(site=failure.call_site)
+    args = exc.args
+    if args and isinstance(args[0], str):
+        if not args[0].startswith(tag):
+            exc.args = (f"{tag} {args[0]}", *args[1:])
+    else:
+        exc.args = (tag, *args)
+    first = failure.distinct()[0][1][0]
+    node = f" node {first.node}" if first.node else ""
+    _add_note(
+        exc,
+        f"twinkle: {failure.method} failed in group {failure.group!r} on rank {first.rank}{node}",
+    )
+    lines = failure.summary_lines()
+    if len(failure.failures) > 1:
+        _add_note(exc, "twinkle: failures by distinct error:\n  " + "\n  ".join(lines))
+    return exc

@@ -1,0 +1,69 @@
+"""The hooks a twinkle plugin can implement.
+
+Every hook is optional. The `register_*` hooks receive a `register(name, obj, *, override=False)`
+callback; `obj` may be the object itself or a `"module:attr"` string imported on first use, so
+listing plugins stays cheap. Each hook is documented with an example in docs/plugins.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pluggy
+
+PROJECT_NAME = "twinkle"
+
+hookspec = pluggy.HookspecMarker(PROJECT_NAME)
+hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
+
+
+@hookspec
+def register_backends(register) -> None:
+    """Register `ExecutionBackend` subclasses by mode name (`initialize(mode=name)`)."""
+
+
+@hookspec
+def register_dispatchers(register) -> None:
+    """Register `Dispatcher` objects or plain dispatch functions by name."""
+
+
+@hookspec
+def register_collectors(register) -> None:
+    """Register `Collector` objects or plain collect functions by name."""
+
+
+@hookspec
+def register_platforms(register) -> None:
+    """Register `AcceleratorPlatform` subclasses by device type name."""
+
+
+@hookspec
+def register_notifiers(register) -> None:
+    """Register `Notifier` subclasses by name; they are built with `from_env()`."""
+
+
+@hookspec
+def twinkle_seed(seed: int, full_determinism: bool) -> None:
+    """Seed the random generators of a library twinkle does not import itself (e.g. torch)."""
+
+
+@hookspec
+def twinkle_get_rng_state() -> dict[str, Any] | None:
+    """Return this plugin's random-generator state, to be handed back to `twinkle_set_rng_state`.
+
+    The in-process backend uses the pair to give each simulated worker its own generators, as
+    separate processes would have.
+    """
+
+
+@hookspec
+def twinkle_set_rng_state(state: dict[str, Any]) -> None:
+    """Restore a state produced by `twinkle_get_rng_state` (pick out the keys you returned)."""
+
+
+@hookspec
+def twinkle_remote_failure(failure) -> None:
+    """Observe a remote call failure (a `twinkle_core.RemoteFailure`) on the driver.
+
+    Called once per distinct failure, before the exception reaches the caller. Must not raise.
+    """

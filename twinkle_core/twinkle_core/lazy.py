@@ -1,0 +1,110 @@
+"""`LazyCollect`: the handle every remote call returns while lazy collection is on."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+_UNSET = object()
+
+
+class LazyCollect:
+    """The not-yet-collected result of one remote call.
+
+    Calling it blocks until the result is there (at most `timeout` seconds), collects it once
+    and caches the value, or the exception, for every later call. `done()` never blocks. Passed
+    as an argument to another remote call, it is resolved where the value is needed.
+    """
+
+    __slots__ = (
+        "__weakref__",
+        "_describe",
+        "_error",
+        "_is_done",
+        "_lock",
+        "_observed",
+        "_resolve",
+        "_value",
+    )
+
+    def __init__(
+        self,
+        resolve: Callable[[float | None], Any],
+        is_done: Callable[[], bool],
+        describe: str = "",
+    ) -> None:
+        self._resolve = resolve
+        self._is_done = is_done
+        self._describe = describe
+        self._value: Any = _UNSET
+        self._error: BaseException | None = None
+        self._lock = threading.Lock()
+        self._observed = False
+
+    @classmethod
+    def of_value(cls, value: Any, describe: str = "") -> LazyCollect:
+        """A LazyCollect that is already complete."""
+        lazy = cls(lambda timeout: value, lambda: True, describe)
+        lazy._value = value
+        return lazy
+
+    def __call__(self, timeout: float | None = None) -> Any:
+        """The collected value; raises the call's failure, or `CallTimeoutError` after `timeout`."""
+        self._observed = True
+        return self._get(timeout)
+
+    def _get(self, timeout: float | None) -> Any:
+        with self._lock:
+            if self._error is not None:
+                raise self._error
+            if self._value is _UNSET:
+                try:
+                    self._value = self._resolve(timeout)
+                except TimeoutError:
+                    raise  # not final: the caller may wait again
+                except BaseException as exc:
+                    self._error = exc
+                    raise
+                self._resolve = None  # drop references to pending work
+                self._is_done = None
+            return self._value
+
+    def settle(self) -> BaseException | None:
+        """Collect a finished call without counting as the user having looked at it.
+
+        Returns the failure, if any. Used to report failures of calls nobody resolves.
+        """
+        try:
+            self._get(None)
+        except BaseException as exc:
+            return exc
+        return None
+
+    @property
+    def observed(self) -> bool:
+        """Whether user code has called this LazyCollect (and so has seen any failure)."""
+        return self._observed
+
+    def done(self) -> bool:
+        """Whether calling would return (or raise) without waiting."""
+        if self._value is not _UNSET or self._error is not None:
+            return True
+        is_done = self._is_done
+        return bool(is_done is None or is_done())
+
+    @property
+    def resolved(self) -> bool:
+        """Whether the value or error has already been collected and cached."""
+        return self._value is not _UNSET or self._error is not None
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self())
+
+    def __len__(self) -> int:
+        return len(self())
+
+    def __repr__(self) -> str:
+        state = "done" if self.resolved else "pending"
+        what = f" {self._describe}" if self._describe else ""
+        return f"<LazyCollect{what} {state}>"

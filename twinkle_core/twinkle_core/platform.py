@@ -1,0 +1,140 @@
+"""Accelerator platforms: what twinkle needs to know about a kind of device."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar
+
+from .device_group import canonical_device_type
+from .errors import ConfigurationError
+
+log = logging.getLogger("twinkle")
+
+
+class AcceleratorPlatform(ABC):
+    """One kind of device (cuda, npu, mps, cpu, ...), as seen by backends and workers.
+
+    Class attributes describe the platform statically so that a driver can plan placement
+    without importing torch; the methods probe the machine and must never raise when the
+    hardware or its library is absent.
+    """
+
+    #: Canonical device type name, e.g. "cuda".
+    device_type: ClassVar[str]
+    #: Other names users may write for it (case-insensitive), e.g. ("gpu",).
+    aliases: ClassVar[tuple[str, ...]] = ()
+    #: Environment variable that limits which devices a process sees, e.g. CUDA_VISIBLE_DEVICES.
+    visible_devices_env: ClassVar[str | None] = None
+    #: Ray resource name, e.g. "GPU"; None when the platform has no Ray resource.
+    ray_resource: ClassVar[str | None] = None
+    #: torch.distributed backend for this device, e.g. "nccl".
+    dist_backend: ClassVar[str] = "gloo"
+    #: Variables that stop Ray from overriding the visible-devices variable twinkle sets.
+    ray_noset_env_vars: ClassVar[tuple[str, ...]] = ()
+    #: Higher is preferred by `detect_platform()`; cpu is 0.
+    detection_priority: ClassVar[int] = 0
+
+    @classmethod
+    @abstractmethod
+    def is_available(cls) -> bool:
+        """Whether this machine has the device and its library; never raises."""
+
+    @classmethod
+    @abstractmethod
+    def device_count(cls) -> int:
+        """Number of devices visible to this process (0 when unavailable); never raises."""
+
+    def local_device(self, index: int = 0) -> Any:
+        """The device object for local index `index` (a `torch.device` on torch platforms)."""
+        return f"{self.device_type}:{index}"
+
+    def set_device(self, index: int) -> None:
+        """Make local device `index` the current one for this process (no-op by default)."""
+
+    def manual_seed(self, seed: int) -> None:
+        """Seed this device's random generators (no-op by default)."""
+
+    def get_rng_state(self) -> Any:
+        """This device's random-generator state, or None when it has none."""
+        return None
+
+    def set_rng_state(self, state: Any) -> None:
+        """Restore a state returned by `get_rng_state`."""
+
+    def visible_devices_environment(self, device_ids: list[int] | tuple[int, ...]) -> dict[str, str]:
+        """Environment that makes exactly `device_ids` visible to a worker process."""
+        if not self.visible_devices_env:
+            return {}
+        return {self.visible_devices_env: ",".join(str(int(d)) for d in device_ids)}
+
+
+class CpuPlatform(AcceleratorPlatform):
+    """Plain CPU processes: always available, no device visibility to manage."""
+
+    device_type = "cpu"
+    aliases = ("host",)
+    ray_resource = "CPU"
+    dist_backend = "gloo"
+    detection_priority = 0
+
+    @classmethod
+    def is_available(cls) -> bool:
+        return True
+
+    @classmethod
+    def device_count(cls) -> int:
+        return os.cpu_count() or 1
+
+    def local_device(self, index: int = 0) -> Any:
+        return "cpu"
+
+
+def _platform_classes() -> dict[str, type[AcceleratorPlatform]]:
+    from .plugins import plugin_system
+
+    system = plugin_system()
+    out = {}
+    for name in system.names("platforms"):
+        try:
+            out[name] = system.get("platforms", name)
+        except Exception as exc:  # a broken platform plugin must not break detection
+            log.warning("twinkle: platform %r could not be loaded: %s", name, exc)
+    return out
+
+
+def get_platform(device_type: str) -> AcceleratorPlatform:
+    """An instance of the platform registered for `device_type` (aliases accepted)."""
+    from .plugins import get_plugin, plugin_system
+
+    name = canonical_device_type(device_type)
+    if name not in plugin_system().names("platforms"):
+        for pname, cls in _platform_classes().items():
+            if name in {a.lower() for a in getattr(cls, "aliases", ())}:
+                name = pname
+                break
+    platform = get_plugin("platforms", name)
+    if inspect.isclass(platform):
+        platform = platform()
+    if not isinstance(platform, AcceleratorPlatform):
+        raise ConfigurationError(
+            f"platform {name!r} is registered as {platform!r}, which is not an AcceleratorPlatform"
+        )
+    return platform
+
+
+def detect_platform() -> AcceleratorPlatform:
+    """The available platform with the highest priority (cpu when nothing else is there)."""
+    candidates = sorted(
+        _platform_classes().items(),
+        key=lambda kv: -getattr(kv[1], "detection_priority", 0),
+    )
+    for name, cls in candidates:
+        try:
+            if cls.is_available():
+                return get_platform(name)
+        except Exception as exc:
+            log.debug("twinkle: platform %r detection failed: %s", name, exc)
+    return CpuPlatform()

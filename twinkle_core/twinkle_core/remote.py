@@ -1,0 +1,242 @@
+"""`@remote_class` and `@remote_function`: the decorators a user puts on their classes."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from .callsite import user_call_site
+from .calls import EXECUTE_MODES, MethodSpec, RemoteBinding, invoke
+from .collect import Collector
+from .device_mesh import DeviceMesh
+from .dispatch import Dispatcher
+from .errors import ConfigurationError
+
+T = TypeVar("T", bound=type)
+F = TypeVar("F", bound=Callable[..., Any])
+
+BINDING_ATTR = "_twinkle_binding"
+SPEC_ATTR = "__twinkle_remote_function__"
+CLASS_ATTR = "__twinkle_remote_class__"
+
+
+
+def _check_strategy(value: Any, argument: str, base: type) -> None:
+    if isinstance(value, (str, base)) or (inspect.isclass(value) and issubclass(value, base)):
+        return
+    if callable(value):
+        return
+    raise ConfigurationError(
+        f"remote_function({argument}=...) must be a registered name, a {base.__name__} or a "
+        f"function; got {value!r}"
+    )
+
+
+def remote_function(
+    _fn: F | None = None,
+    *,
+    dispatch: str | Dispatcher | Callable = "slice",
+    execute: str = "all",
+    collect: str | Collector | Callable = "none",
+    sync: bool = False,
+    lazy_collect: bool | None = None,
+    timeout: float | None = None,
+) -> Any:
+    """Make a method of a `@remote_class` run on the workers of the object's group.
+
+    On the driver, a call splits its arguments with `dispatch`, runs on the workers chosen by
+    `execute` ('all', 'first' or 'peer'), and combines their results with `collect`. It returns
+    a `LazyCollect` while lazy collection is on. Inside a worker the method runs directly.
+    """
+    _check_strategy(dispatch, "dispatch", Dispatcher)
+    _check_strategy(collect, "collect", Collector)
+    if execute not in EXECUTE_MODES:
+        raise ConfigurationError(
+            f"remote_function(execute=...) must be one of {EXECUTE_MODES}, got {execute!r}"
+        )
+    if not isinstance(sync, bool):
+        raise ConfigurationError(f"remote_function(sync=...) must be True or False, got {sync!r}")
+    if lazy_collect is not None and not isinstance(lazy_collect, bool):
+        raise ConfigurationError(
+            f"remote_function(lazy_collect=...) must be None, True or False, got {lazy_collect!r}"
+        )
+    if timeout is not None and (
+        isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0
+    ):
+        raise ConfigurationError(
+            f"remote_function(timeout=...) must be a positive number of seconds, got {timeout!r}"
+        )
+
+    def decorate(fn: F) -> F:
+        if not callable(fn):
+            raise ConfigurationError(f"@remote_function decorates methods, got {fn!r}")
+        spec = MethodSpec(
+            name=fn.__name__,
+            qualname=fn.__qualname__,
+            dispatch=dispatch,
+            execute=execute,
+            collect=collect,
+            sync=sync,
+            lazy_collect=lazy_collect,
+            timeout=timeout,
+        )
+
+        @functools.wraps(fn)
+        def wrapper(self, *args, **kwargs):
+            binding = self.__dict__.get(BINDING_ATTR) if hasattr(self, "__dict__") else None
+            if binding is None:
+                return fn(self, *args, **kwargs)
+            return invoke(binding, spec, args, kwargs, user_call_site(2))
+
+        setattr(wrapper, SPEC_ATTR, spec)
+        return wrapper  # type: ignore[return-value]
+
+    if _fn is not None:
+        return decorate(_fn)
+    return decorate
+
+
+def remote_specs(cls: type) -> dict[str, MethodSpec]:
+    """The remote-function specs of a class, by method name."""
+    out = {}
+    for name in dir(cls):
+        spec = getattr(getattr(cls, name, None), SPEC_ATTR, None)
+        if isinstance(spec, MethodSpec):
+            out[name] = spec
+    return out
+
+
+def remote_class(_cls: T | None = None, *, execute: str = "all") -> Any:
+    """Let a class be constructed on a device group: `Model(..., remote_group='model')`.
+
+    With `remote_group`, the object on the driver stands for one worker instance per rank of
+    the group (only the first with `execute='first'`); `device_mesh=` arranges them. The
+    class's own `__init__` never sees these arguments. Without `remote_group` it is an
+    ordinary local object.
+    """
+    if execute not in ("all", "first"):
+        raise ConfigurationError(
+            f"remote_class(execute=...) must be 'all' or 'first', got {execute!r}"
+        )
+
+    def decorate(cls: T) -> T:
+        if not inspect.isclass(cls):
+            raise ConfigurationError(f"@remote_class decorates classes, got {cls!r}")
+        original_init = cls.__init__
+
+        @functools.wraps(original_init)
+        def __init__(self, *args, remote_group=None, device_mesh=None, **kwargs):
+            if remote_group is None:
+                if device_mesh is not None:
+                    raise ConfigurationError(
+                        f"{cls.__name__}(device_mesh=...) needs remote_group=...: a mesh "
+                        "arranges the workers of a group"
+                    )
+                original_init(self, *args, **kwargs)
+                return
+            _bind(self, cls, execute, remote_group, device_mesh, args, kwargs)
+
+        cls.__init__ = __init__
+        setattr(cls, CLASS_ATTR, {"execute": execute})
+        if "__iter__" in cls.__dict__ and "__next__" in cls.__dict__:
+            iter_fn = cls.__dict__["__iter__"]
+
+            def _twinkle_restart_iteration(self) -> None:
+                iter_fn(self)  # the worker keeps its iterator; nothing travels back
+
+            cls._twinkle_restart_iteration = _twinkle_restart_iteration
+            cls.__iter__ = _remote_iter(iter_fn)
+            cls.__next__ = _remote_next(cls.__dict__["__next__"])
+        return cls
+
+    if _cls is not None:
+        return decorate(_cls)
+    return decorate
+
+
+def _iteration_spec(fn: Callable) -> MethodSpec:
+    return MethodSpec(
+        name=fn.__name__,
+        qualname=fn.__qualname__,
+        dispatch="all",
+        execute="first",
+        collect="first",
+        lazy_collect=False,
+    )
+
+
+def _remote_iter(fn: Callable) -> Callable:
+    """Iterating the driver object restarts iteration on the first worker."""
+    spec = _iteration_spec(fn)
+    spec = MethodSpec(**{**spec.__dict__, "name": "_twinkle_restart_iteration"})
+
+    @functools.wraps(fn)
+    def __iter__(self):
+        binding = self.__dict__.get(BINDING_ATTR)
+        if binding is None:
+            return fn(self)
+        invoke(binding, spec, (), {}, user_call_site(2))
+        return self
+
+    return __iter__
+
+
+def _remote_next(fn: Callable) -> Callable:
+    """`next()` on the driver object fetches the first worker's next item (StopIteration ends)."""
+    spec = _iteration_spec(fn)
+
+    @functools.wraps(fn)
+    def __next__(self):
+        binding = self.__dict__.get(BINDING_ATTR)
+        if binding is None:
+            return fn(self)
+        return invoke(binding, spec, (), {}, user_call_site(2))
+
+    return __next__
+
+
+def _bind(
+    obj: Any,
+    cls: type,
+    execute: str,
+    remote_group: str,
+    device_mesh: DeviceMesh | None,
+    args: tuple,
+    kwargs: dict,
+) -> None:
+    from .runtime import BoundClass, current_runtime
+
+    runtime = current_runtime()
+    if not isinstance(remote_group, str):
+        raise ConfigurationError(
+            f"{cls.__name__}(remote_group=...) must be a group name, got {remote_group!r}"
+        )
+    group = runtime.group(remote_group)
+    num_workers = 1 if execute == "first" else group.num_workers
+    if device_mesh is None:
+        mesh = runtime.config.global_device_mesh
+        if mesh is None or mesh.world_size != num_workers:
+            mesh = DeviceMesh.from_sizes(dp_size=num_workers)
+    elif not isinstance(device_mesh, DeviceMesh):
+        raise ConfigurationError(
+            f"{cls.__name__}(device_mesh=...) must be a DeviceMesh, got {device_mesh!r}"
+        )
+    else:
+        mesh = device_mesh
+    if sorted(mesh.ranks) != list(range(num_workers)):
+        raise ConfigurationError(
+            f"{cls.__name__}(device_mesh={mesh!r}) does not fit group {group.name!r} with "
+            f"{num_workers} workers: the mesh must hold ranks 0..{num_workers - 1}, e.g. "
+            f"DeviceMesh.from_sizes(dp_size={num_workers})"
+        )
+    for spec in remote_specs(cls).values():
+        spec.resolved()  # unknown dispatcher/collector names fail here, not at the first call
+    workers = runtime.backend.create_workers(
+        cls, group, mesh, args, kwargs, num_workers=num_workers
+    )
+    obj.__dict__[BINDING_ATTR] = RemoteBinding(
+        workers, runtime.config.name, runtime.config.mode, runtime.config.lazy_collect
+    )
+    runtime.bound.append(BoundClass(cls.__name__, workers))

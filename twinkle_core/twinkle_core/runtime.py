@@ -1,0 +1,278 @@
+"""`initialize()` and `shutdown()`: the process-wide runtime that remote classes run against."""
+
+from __future__ import annotations
+
+import atexit
+import inspect
+import logging
+import os
+import threading
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .backend import ExecutionBackend, WorkerGroup
+from .device_group import DeviceGroup
+from .device_mesh import DeviceMesh
+from .errors import ConfigurationError, NotInitializedError
+from .failures import RemoteFailure
+from .lazy import LazyCollect
+from .notify import AlertQueue, Notifier, as_notifier
+from .plugins import get_plugin, plugin_system
+from .seeding import seed_everything
+
+log = logging.getLogger("twinkle")
+
+DEFAULT_MODE = "local"
+
+
+@dataclass
+class RuntimeConfig:
+    """The validated arguments of `initialize()`, handed to the backend."""
+
+    mode: str
+    seed: int = 42
+    groups: dict[str, DeviceGroup] = field(default_factory=dict)
+    nproc_per_node: int | None = None
+    ncpu_proc_per_node: int | None = None
+    global_device_mesh: DeviceMesh | None = None
+    lazy_collect: bool = True
+    name: str = ""
+    notifier: Notifier | None = None
+    full_determinism: bool = False
+    backend_options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class BoundClass:
+    """A remote class instance created in this run: shown by `get_device_placement()`."""
+
+    class_name: str
+    workers: WorkerGroup
+
+
+class Runtime:
+    """The state of one `initialize()` ... `shutdown()` span."""
+
+    def __init__(self, config: RuntimeConfig, backend: ExecutionBackend) -> None:
+        self.config = config
+        self.backend = backend
+        self.alerts = AlertQueue(config.notifier) if config.notifier is not None else None
+        self.bound: list[BoundClass] = []
+        self._pending: list[LazyCollect] = []
+        self._unobserved: list[tuple[LazyCollect, BaseException]] = []
+        self._reported: set[str] = set()
+        self._lock = threading.Lock()
+
+    def group(self, name: str) -> DeviceGroup:
+        try:
+            return self.config.groups[name]
+        except KeyError:
+            known = ", ".join(repr(n) for n in self.config.groups) or "none"
+            raise ConfigurationError(
+                f"remote_group={name!r} is not a group of this run (groups: {known}); pass "
+                f"DeviceGroup(name={name!r}, ...) in initialize(groups=[...])"
+            ) from None
+
+    # ----------------------------------------------------------------- failures
+    def report(self, failure: RemoteFailure) -> None:
+        """Tell hooks and the notifier about a failure, once per distinct error."""
+        fresh = []
+        with self._lock:
+            for key, _ in failure.distinct():
+                dedupe = failure.dedupe_key(key)
+                if dedupe not in self._reported:
+                    self._reported.add(dedupe)
+                    fresh.append((key, dedupe))
+        if not fresh:
+            return
+        try:
+            plugin_system().hook.twinkle_remote_failure(failure=failure)
+        except Exception as exc:
+            log.warning("twinkle: a twinkle_remote_failure hook raised: %s", exc)
+        if self.alerts is None:
+            return
+        for key, dedupe in fresh:
+            try:
+                if self.backend.claim_notification(dedupe):
+                    self.alerts.submit(dedupe, *failure.alert(key))
+            except Exception as exc:
+                log.warning("twinkle: could not queue the failure alert: %s", exc)
+
+    def track(self, lazy: LazyCollect) -> None:
+        """Remember a call so its failure is reported even if nobody collects it."""
+        with self._lock:
+            still = []
+            for item in self._pending:
+                if item.resolved:
+                    continue
+                if item.done():
+                    error = item.settle()
+                    if error is not None:
+                        self._unobserved.append((item, error))
+                    continue
+                still.append(item)
+            still.append(lazy)
+            self._pending = still
+
+    def settle_all(self) -> None:
+        """Report failures of calls that finished but were never collected by user code."""
+        with self._lock:
+            pending, self._pending = self._pending, []
+        for item in pending:
+            if not item.resolved and item.done():
+                error = item.settle()
+                if error is not None:
+                    self._unobserved.append((item, error))
+        for item, error in self._unobserved:
+            if not item.observed:
+                log.error(
+                    "twinkle: %r failed and its result was never collected: %s: %s",
+                    item,
+                    type(error).__name__,
+                    error,
+                )
+        self._unobserved = []
+
+
+_runtime: Runtime | None = None
+_runtime_lock = threading.RLock()
+
+
+def current_runtime() -> Runtime:
+    """The active runtime; raises `NotInitializedError` with the fix when there is none."""
+    if _runtime is None:
+        raise NotInitializedError(
+            "twinkle is not initialized: call twinkle_core.initialize(mode=...) before creating "
+            "remote objects (or construct the class without remote_group to use it locally)"
+        )
+    return _runtime
+
+
+def current_runtime_or_none() -> Runtime | None:
+    return _runtime
+
+
+def is_initialized() -> bool:
+    return _runtime is not None
+
+
+def _positive_int_or_none(name: str, value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigurationError(f"initialize({name}=...) must be a positive integer, got {value!r}")
+    return value
+
+
+def _check_groups(groups: Iterable[DeviceGroup] | None) -> dict[str, DeviceGroup]:
+    if groups is None:
+        return {}
+    if isinstance(groups, DeviceGroup) or not isinstance(groups, Iterable):
+        raise ConfigurationError(
+            f"initialize(groups=...) must be a list of DeviceGroup, got {groups!r}"
+        )
+    out: dict[str, DeviceGroup] = {}
+    for g in groups:
+        if not isinstance(g, DeviceGroup):
+            raise ConfigurationError(
+                f"initialize(groups=...) must contain DeviceGroup objects, got {g!r}"
+            )
+        if g.name in out:
+            raise ConfigurationError(f"initialize(groups=...): group name {g.name!r} repeats")
+        out[g.name] = g
+    return out
+
+
+def _load_backend(mode: str) -> ExecutionBackend:
+    backend_cls = get_plugin("backends", mode)
+    backend = backend_cls() if inspect.isclass(backend_cls) else backend_cls
+    if not isinstance(backend, ExecutionBackend):
+        raise ConfigurationError(
+            f"backend {mode!r} is registered as {backend_cls!r}, which is not an ExecutionBackend"
+        )
+    return backend
+
+
+def initialize(
+    mode: str | None = None,
+    *,
+    seed: int = 42,
+    groups: Iterable[DeviceGroup] | None = None,
+    nproc_per_node: int | None = None,
+    ncpu_proc_per_node: int | None = None,
+    global_device_mesh: DeviceMesh | None = None,
+    lazy_collect: bool = True,
+    name: str | None = None,
+    notifier: Any = None,
+    full_determinism: bool = False,
+    **backend_options: Any,
+) -> RuntimeConfig:
+    """Start twinkle in `mode` (default: `$TWINKLE_MODE`, then 'local').
+
+    `groups` are the device groups remote classes are placed on; `backend_options` go to the
+    backend (e.g. `address=` for Ray). Returns the validated configuration.
+    """
+    global _runtime
+    mode = mode if mode is not None else os.environ.get("TWINKLE_MODE") or DEFAULT_MODE
+    if not isinstance(mode, str) or not mode:
+        raise ConfigurationError(f"initialize(mode=...) must be a backend name, got {mode!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ConfigurationError(f"initialize(seed=...) must be an integer, got {seed!r}")
+    for flag, value in (("lazy_collect", lazy_collect), ("full_determinism", full_determinism)):
+        if not isinstance(value, bool):
+            raise ConfigurationError(f"initialize({flag}=...) must be True or False, got {value!r}")
+    if global_device_mesh is not None and not isinstance(global_device_mesh, DeviceMesh):
+        raise ConfigurationError(
+            f"initialize(global_device_mesh=...) must be a DeviceMesh, got {global_device_mesh!r}"
+        )
+    if name is not None and (not isinstance(name, str) or not name.strip()):
+        raise ConfigurationError(f"initialize(name=...) must be a non-empty string, got {name!r}")
+    config = RuntimeConfig(
+        mode=mode,
+        seed=seed,
+        groups=_check_groups(groups),
+        nproc_per_node=_positive_int_or_none("nproc_per_node", nproc_per_node),
+        ncpu_proc_per_node=_positive_int_or_none("ncpu_proc_per_node", ncpu_proc_per_node),
+        global_device_mesh=global_device_mesh,
+        lazy_collect=lazy_collect,
+        name=name or f"twinkle-{uuid.uuid4().hex[:8]}",
+        notifier=as_notifier(notifier),
+        full_determinism=full_determinism,
+        backend_options=dict(backend_options),
+    )
+    with _runtime_lock:
+        if _runtime is not None:
+            raise ConfigurationError(
+                f"twinkle is already initialized (mode={_runtime.config.mode!r}, run "
+                f"{_runtime.config.name!r}); call twinkle_core.shutdown() before initializing again"
+            )
+        backend = _load_backend(mode)
+        seed_everything(seed, full_determinism)
+        backend.initialize(config)
+        _runtime = Runtime(config, backend)
+        # Registered after the backend started so it runs before the backend's own exit hooks
+        # (atexit is last-in, first-out): unobserved failures are still reported and alerts
+        # flushed while the workers exist.
+        atexit.register(shutdown)
+    return config
+
+
+def shutdown(timeout: float = 10.0) -> None:
+    """Report unobserved failures, stop the backend and flush alerts (bounded). Safe twice."""
+    global _runtime
+    with _runtime_lock:
+        rt, _runtime = _runtime, None
+    if rt is None:
+        return
+    atexit.unregister(shutdown)
+    try:
+        rt.settle_all()
+    finally:
+        try:
+            rt.backend.shutdown()
+        finally:
+            if rt.alerts is not None:
+                rt.alerts.close(timeout)
+
