@@ -42,6 +42,17 @@ class MethodSpec:
         )
 
 
+@dataclass(frozen=True)
+class CallSource:
+    """Where a LazyCollect's value comes from: the pending call and how it will be collected."""
+
+    workers: WorkerGroup
+    pending: Any
+    collector: Collector
+    device_mesh: DeviceMesh
+    method: str
+
+
 class RemoteBinding:
     """What ties a driver-side object to its workers. Copies of it are the same binding."""
 
@@ -138,7 +149,12 @@ def invoke(
             runtime.report(failure)
         raise tag_exception(failure)
 
-    lazy = LazyCollect(resolve, pending.done, describe=f"{method} from {call_site}")
+    lazy = LazyCollect(
+        resolve,
+        pending.done,
+        describe=f"{method} from {call_site}",
+        source=CallSource(workers, pending, collector, mesh, method),
+    )
     runtime = current_runtime_or_none()
     if runtime is not None and runtime.config.name == binding.run_name:
         runtime.track(lazy)

@@ -26,6 +26,7 @@ class LazyCollect:
         "_observed",
         "_resolve",
         "_value",
+        "source",
     )
 
     def __init__(
@@ -33,7 +34,11 @@ class LazyCollect:
         resolve: Callable[[float | None], Any],
         is_done: Callable[[], bool],
         describe: str = "",
+        source: Any = None,
     ) -> None:
+        #: What produced this value, for backends that hand results between groups without
+        #: fetching them to the driver (a `twinkle_core.calls.CallSource`, or None).
+        self.source = source
         self._resolve = resolve
         self._is_done = is_done
         self._describe = describe
