@@ -232,7 +232,7 @@ class PluginSystem:
             for name, regs in by_name.items():
                 conflict = _conflict(kind, name, regs)
                 if conflict:
-                    for reg in regs[1:]:
+                    for reg in regs:
                         info = self.infos[reg.plugin]
                         info.error = (info.error + "; " if info.error else "") + conflict
 

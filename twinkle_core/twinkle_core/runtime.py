@@ -263,16 +263,16 @@ def shutdown(timeout: float = 10.0) -> None:
     """Report unobserved failures, stop the backend and flush alerts (bounded). Safe twice."""
     global _runtime
     with _runtime_lock:
-        rt, _runtime = _runtime, None
-    if rt is None:
-        return
-    atexit.unregister(shutdown)
-    try:
-        rt.settle_all()
-    finally:
+        rt = _runtime
+        if rt is None:
+            return
+        atexit.unregister(shutdown)
         try:
-            rt.backend.shutdown()
+            rt.settle_all()  # while the run is still current, so failures reach the notifier
         finally:
-            if rt.alerts is not None:
-                rt.alerts.close(timeout)
-
+            _runtime = None
+            try:
+                rt.backend.shutdown()
+            finally:
+                if rt.alerts is not None:
+                    rt.alerts.close(timeout)
