@@ -1,0 +1,21 @@
+"""twinkle-local: the torchrun backend (`initialize(mode='local')`) and torch platforms.
+
+Importing this package does not import torch; the platforms and helpers import it on first use.
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from .distributed import init_distributed, to_torch_device_mesh
+from .platforms import CudaPlatform, MpsPlatform, NpuPlatform, TorchCpuPlatform
+
+__all__ = [
+    "CudaPlatform",
+    "MpsPlatform",
+    "NpuPlatform",
+    "TorchCpuPlatform",
+    "__version__",
+    "init_distributed",
+    "to_torch_device_mesh",
+]

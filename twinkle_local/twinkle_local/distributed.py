@@ -1,0 +1,118 @@
+"""torch.distributed helpers: start the process group with the platform's backend, and turn a
+twinkle `DeviceMesh` into torch's own `DeviceMesh`.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from typing import Any
+
+from twinkle_core import AcceleratorPlatform, ConfigurationError, DeviceMesh
+from twinkle_core.platform import detect_platform, get_platform
+
+#: Default timeout of twinkle's process groups: long enough for slow checkpoints, as torch's own.
+DEFAULT_TIMEOUT_S = 1800.0
+
+
+def as_timeout(value: Any, argument: str = "timeout") -> datetime.timedelta:
+    """Accept seconds (int/float > 0) or a timedelta; a clear error otherwise."""
+    if isinstance(value, datetime.timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        seconds = -1.0
+    if seconds <= 0:
+        raise ConfigurationError(
+            f"{argument} must be a positive number of seconds or a datetime.timedelta, "
+            f"got {value!r}"
+        )
+    return datetime.timedelta(seconds=seconds)
+
+
+def resolve_platform(device_type: str | AcceleratorPlatform | None) -> AcceleratorPlatform:
+    """The platform for `device_type` (an alias, a platform, or None to auto-detect)."""
+    if isinstance(device_type, AcceleratorPlatform):
+        return device_type
+    if device_type is None:
+        return detect_platform()
+    return get_platform(device_type)
+
+
+def init_distributed(
+    device_type: str | AcceleratorPlatform | None = None,
+    *,
+    backend: str | None = None,
+    timeout: float | datetime.timedelta = DEFAULT_TIMEOUT_S,
+    local_rank: int | None = None,
+) -> bool:
+    """Initialize torch.distributed's default group from torchrun's environment.
+
+    The backend is the platform's (`nccl` for cuda, `hccl` for npu, `gloo` for cpu/mps) unless
+    `backend` is given. On an accelerator, the local device (`LOCAL_RANK` unless `local_rank`
+    is given) is made current first, as nccl/hccl expect. Returns True when this call created
+    the group, False when it was already initialized (then nothing is changed).
+    """
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return False
+    platform = resolve_platform(device_type)
+    if local_rank is None:
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if platform.device_type != "cpu" and platform.is_available():
+        platform.set_device(local_rank)
+    dist.init_process_group(
+        backend=backend or platform.dist_backend,
+        timeout=as_timeout(timeout, "init_distributed(timeout=...)"),
+    )
+    return True
+
+
+def to_torch_device_mesh(
+    mesh: DeviceMesh,
+    device_type: str | AcceleratorPlatform | None = None,
+    *,
+    keep_size_one: bool = False,
+) -> Any:
+    """torch's `DeviceMesh` with the same ranks and dimension names as the twinkle `mesh`.
+
+    Dimensions of size 1 are dropped unless `keep_size_one` (torch would create a process
+    group per dimension for nothing); a mesh of one rank keeps `dp` (or its first dimension). Mesh
+    entries are taken as global torch.distributed ranks, which is what they are in local mode
+    (a group of k workers lives on ranks 0..k-1). Like every torch mesh construction this is a
+    collective: every process of the default group must call it, and it must be initialized.
+    """
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh as TorchDeviceMesh
+
+    if not isinstance(mesh, DeviceMesh):
+        raise ConfigurationError(
+            f"to_torch_device_mesh(mesh=...) must be a twinkle_core.DeviceMesh, got {mesh!r}"
+        )
+    if not dist.is_initialized():
+        raise ConfigurationError(
+            "to_torch_device_mesh needs torch.distributed to be initialized: call "
+            "twinkle_core.initialize(mode='local') or twinkle_local.init_distributed() first"
+        )
+    world = dist.get_world_size()
+    if max(mesh.ranks) >= world:
+        raise ConfigurationError(
+            f"to_torch_device_mesh: mesh {mesh!r} uses ranks up to {max(mesh.ranks)} but the "
+            f"torch.distributed world has {world} processes; use a mesh of at most {world} ranks"
+        )
+    array = mesh.mesh
+    names = mesh.mesh_dim_names
+    if not keep_size_one:
+        serial = [names.index("dp")] if "dp" in names else [0]
+        keep = [i for i, size in enumerate(array.shape) if size > 1] or serial
+        names = tuple(names[i] for i in keep)
+        array = array.reshape(tuple(array.shape[i] for i in keep))
+    platform = resolve_platform(device_type)
+    return TorchDeviceMesh(
+        platform.device_type,
+        torch.as_tensor(array.copy(), dtype=torch.int),
+        mesh_dim_names=names,
+    )
