@@ -1,0 +1,33 @@
+"""The plugin docs keep up with the hooks: every hook has its own section with an example."""
+
+from __future__ import annotations
+
+import inspect
+import re
+from pathlib import Path
+
+from twinkle_core import hookspecs
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "plugins.md"
+
+
+def hook_names() -> list[str]:
+    return [
+        name
+        for name, fn in inspect.getmembers(hookspecs, inspect.isfunction)
+        if hasattr(fn, "twinkle_spec")
+    ]
+
+
+def test_there_are_hooks():
+    assert {"register_backends", "register_notifiers", "twinkle_seed"} <= set(hook_names())
+
+
+def test_every_hook_has_a_documented_section_with_an_example():
+    text = DOCS.read_text()
+    sections = re.split(r"^### ", text, flags=re.MULTILINE)
+    by_name = {s.split("\n", 1)[0].strip().strip("`").split("(")[0]: s for s in sections[1:]}
+    missing = [h for h in hook_names() if h not in by_name]
+    assert missing == [], f"hooks without a '### name' section in docs/plugins.md: {missing}"
+    no_example = [h for h in hook_names() if "@hookimpl" not in by_name[h]]
+    assert no_example == [], f"hook sections without a @hookimpl example: {no_example}"
