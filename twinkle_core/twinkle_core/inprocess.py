@@ -46,33 +46,38 @@ class InProcessWorkerGroup(WorkerGroup):
 
     @contextlib.contextmanager
     def _as_worker(self, rank: int) -> Iterator[None]:
-        """Run as worker `rank`: its context and its own random generators."""
-        driver_state = get_rng_state()
+        """Run as worker `rank`: its context and its own random generators.
+
+        The caller saves and restores the driver's generators once per call (see `submit`).
+        """
         set_rng_state(self.rng_states[rank])
         try:
             with worker_context(self.contexts[rank]):
                 yield
         finally:
             self.rng_states[rank] = get_rng_state()
-            set_rng_state(driver_state)
 
     def submit(self, method: str, calls: list[WorkerCall]) -> PendingCall:
         results: list[Any] = []
         failures: list[RankFailure] = []
         node = self.placements[0].node if self.placements else None
-        for call in calls:
-            args, kwargs = (call.args, call.kwargs)
-            if self.isolate:
-                args, kwargs = copy.deepcopy((args, kwargs))
-            with self._as_worker(call.rank):
-                try:
-                    value = getattr(self.instances[call.rank], method)(*args, **kwargs)
-                except Exception as exc:
-                    failures.append(
-                        RankFailure(call.rank, exc, node, format_remote_traceback(exc))
-                    )
-                    continue
-            results.append(copy.deepcopy(value) if self.isolate else value)
+        driver_state = get_rng_state()
+        try:
+            for call in calls:
+                args, kwargs = (call.args, call.kwargs)
+                if self.isolate:
+                    args, kwargs = copy.deepcopy((args, kwargs))
+                with self._as_worker(call.rank):
+                    try:
+                        value = getattr(self.instances[call.rank], method)(*args, **kwargs)
+                    except Exception as exc:
+                        failures.append(
+                            RankFailure(call.rank, exc, node, format_remote_traceback(exc))
+                        )
+                        continue
+                results.append(copy.deepcopy(value) if self.isolate else value)
+        finally:
+            set_rng_state(driver_state)
         return CompletedCall(results, failures)
 
 
