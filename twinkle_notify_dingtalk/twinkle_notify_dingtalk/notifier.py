@@ -237,6 +237,7 @@ class DingTalkNotifier(Notifier):
         self.stats = DeliveryStats()
         self._lock = threading.Lock()
         self._sender: _Sender | None = None
+        self._dropping = False
         _live.add(self)
 
     # ------------------------------------------------------------------ public API
@@ -287,13 +288,18 @@ class DingTalkNotifier(Notifier):
                 self._deliver_now(alert)
                 return
             sender.queue.put_nowait(alert)
+            if sender.queue.qsize() < QUEUE_SIZE // 2:
+                self._dropping = False
         except queue.Full:
             self.stats.dropped += 1
-            log.warning(
-                "twinkle: %d DingTalk alerts are already waiting; dropping alert %r",
-                QUEUE_SIZE,
-                self._redact(title),
-            )
+            if not self._dropping:  # one warning per burst, not one per alert
+                self._dropping = True
+                log.warning(
+                    "twinkle: %d DingTalk alerts are already waiting; dropping alert %r and "
+                    "further ones until the queue drains",
+                    QUEUE_SIZE,
+                    self._redact(title),
+                )
         except Exception as exc:  # never into user code
             log.warning("twinkle: could not queue DingTalk alert: %s", self._redact(exc))
 
