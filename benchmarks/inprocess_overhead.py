@@ -51,14 +51,18 @@ def main() -> None:
         initialize("inprocess", groups=[DeviceGroup("g", WORKERS)], isolate=isolate)
         remote = Worker(remote_group="g")
         assert abs(remote.step(batch)() - baseline()) < 1e-9
-        results[isolate] = best_of(lambda: remote.step(batch)())
+        results[isolate] = best_of(lambda r=remote: r.step(batch)())
         shutdown()
     base = best_of(baseline)
     print(f"baseline (plain objects)        {base * 1e6:8.1f} us/call")
-    print(f"twinkle inprocess, isolate=False {results[False] * 1e6:8.1f} us/call  "
-          f"ratio {results[False] / base:5.2f}")
-    print(f"twinkle inprocess, isolate=True  {results[True] * 1e6:8.1f} us/call  "
-          f"ratio {results[True] / base:5.2f}")
+    print(
+        f"twinkle inprocess, isolate=False {results[False] * 1e6:8.1f} us/call  "
+        f"ratio {results[False] / base:5.2f}"
+    )
+    print(
+        f"twinkle inprocess, isolate=True  {results[True] * 1e6:8.1f} us/call  "
+        f"ratio {results[True] / base:5.2f}"
+    )
 
 
 if __name__ == "__main__":

@@ -183,8 +183,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
             row = {"step": step, "loss": loss(), "reward": float(rewards.mean())}
             table.append(row)
             if is_main_process():
-                print(f"step {step:2d}  loss {row['loss']:+.6f}  reward {row['reward']:.3f}",
-                      flush=True)
+                print(
+                    f"step {step:2d}  loss {row['loss']:+.6f}  reward {row['reward']:.3f}",
+                    flush=True,
+                )
     finally:
         shutdown()
     if args.out and is_main_process():

@@ -4,13 +4,13 @@
 # suite runs with everything. Idempotent: environments are rebuilt only when a pyproject changes.
 #
 #   bash scripts/test.sh            # everything
-#   bash scripts/test.sh core local # only some suites (core, dingtalk, local, ray, integration, lint)
+#   bash scripts/test.sh core local # only some suites (lint, docs, core, dingtalk, local, ray, integration)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
 
 SUITES=("$@")
-[ ${#SUITES[@]} -gt 0 ] || SUITES=(lint core dingtalk local ray integration)
+[ ${#SUITES[@]} -gt 0 ] || SUITES=(lint docs core dingtalk local ray integration)
 REPORTS="$PWD/.test-reports"
 rm -rf "$REPORTS" && mkdir -p "$REPORTS"
 # Never attach tests to some other Ray cluster on this machine.
@@ -31,6 +31,11 @@ for suite in "${SUITES[@]}"; do
       log "ruff"
       "$VENVS/core/bin/ruff" check twinkle_core twinkle_local twinkle_ray \
         twinkle_notify_dingtalk tests examples benchmarks
+      ;;
+    docs)
+      ensure_env docs ./twinkle_core -- mkdocs "mkdocstrings[python]"
+      log "docs: mkdocs build --strict"
+      "$VENVS/docs/bin/mkdocs" build --strict --quiet --site-dir "$REPORTS/site"
       ;;
     core)
       ensure_env core ./twinkle_core

@@ -61,9 +61,7 @@ def test_slice_dp_lists_tuples_and_dicts(items, dp):
     mesh = DeviceMesh.from_sizes(dp_size=dp)
     if len(items) < dp:
         return
-    shares = D["slice_dp"].dispatch(
-        ({"a": items, "b": tuple(items)}, "label"), {}, dp, mesh
-    )
+    shares = D["slice_dp"].dispatch(({"a": items, "b": tuple(items)}, "label"), {}, dp, mesh)
     assert C["flatten"].collect([s[0][0]["a"] for s in shares], mesh) == items
     assert sum((s[0][0]["b"] for s in shares), ()) == tuple(items)
     assert all(s[0][1] == "label" for s in shares)
@@ -97,7 +95,10 @@ def test_last_pp_returns_last_stage_results():
 
 def test_collect_dicts_per_key_and_tuples_elementwise():
     mesh = DeviceMesh.from_sizes(dp_size=2)
-    results = [{"loss": 1.0, "acc": (0.5, np.array([1.0]))}, {"loss": 3.0, "acc": (1.5, np.array([3.0]))}]
+    results = [
+        {"loss": 1.0, "acc": (0.5, np.array([1.0]))},
+        {"loss": 3.0, "acc": (1.5, np.array([3.0]))},
+    ]
     out = C["mean"].collect(results, mesh)
     assert out["loss"] == 2.0
     assert out["acc"][0] == 1.0

@@ -420,7 +420,7 @@ def test_unknown_dispatcher_fails_when_the_object_is_created(run):
         def f(self):
             return 1
 
-    with pytest.raises(PluginNotFoundError, match="no twinkle dispatcher named 'no_such_dispatcher'"):
+    with pytest.raises(PluginNotFoundError, match="dispatcher named 'no_such_dispatcher'"):
         Bad(remote_group="g")
 
 

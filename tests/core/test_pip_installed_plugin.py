@@ -76,8 +76,18 @@ def installed(tmp_path_factory):
     (src / "twinkle_reverse" / "__init__.py").write_text(textwrap.dedent(MODULE))
     target = root / "site"
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-         "--target", str(target), str(src)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "--target",
+            str(target),
+            str(src),
+        ],
         check=True,
         timeout=300,
     )
@@ -96,7 +106,12 @@ def test_installed_plugin_is_listed(installed):
     env, root = installed
     out = subprocess.run(
         [*_twinkle_command(), "plugins", "--json"],
-        env=env, capture_output=True, text=True, timeout=60, cwd=root, check=True,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=root,
+        check=True,
     )
     plugins = {p["name"]: p for p in json.loads(out.stdout)}
     assert plugins["reverse"]["distribution"] == "twinkle-reverse"
@@ -106,7 +121,12 @@ def test_installed_plugin_is_listed(installed):
     assert plugins["reverse"]["error"] is None
     text = subprocess.run(
         [*_twinkle_command(), "plugins"],
-        env=env, capture_output=True, text=True, timeout=60, cwd=root, check=True,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=root,
+        check=True,
     ).stdout
     assert "reverse  [twinkle-reverse 0.3.0]" in text
 
@@ -116,7 +136,11 @@ def test_installed_plugin_is_used_by_name(installed):
     (root / "driver.py").write_text(DRIVER)
     out = subprocess.run(
         [sys.executable, str(root / "driver.py")],
-        env=env, capture_output=True, text=True, timeout=60, cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=root,
     )
     assert out.returncode == 0, out.stderr
     assert "RESULT 3,2,1|3,2,1" in out.stdout
@@ -127,6 +151,11 @@ def test_disabling_autoload_hides_it(installed):
     env = dict(env, TWINKLE_DISABLE_PLUGIN_AUTOLOAD="1")
     out = subprocess.run(
         [*_twinkle_command(), "plugins", "--json"],
-        env=env, capture_output=True, text=True, timeout=60, cwd=root, check=True,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=root,
+        check=True,
     )
     assert [p["name"] for p in json.loads(out.stdout)] == ["core"]

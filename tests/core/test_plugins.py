@@ -80,7 +80,11 @@ def test_plugins_json_shape(site, capsys):
     for item in data:
         assert set(item) == {"name", "distribution", "version", "registers", "error"}
         assert set(item["registers"]) == {
-            "backends", "dispatchers", "collectors", "platforms", "notifiers"
+            "backends",
+            "dispatchers",
+            "collectors",
+            "platforms",
+            "notifiers",
         }
     core = data[0]
     assert core["registers"]["backends"] == ["inprocess"]
@@ -99,7 +103,10 @@ def test_broken_plugin_is_reported_without_breaking_core(site, capsys):
 
 def test_asking_for_the_broken_plugin_chains_its_error(site):
     make_plugin(
-        site, "twinkle-broken", "twinkle_broken", "raise ImportError('needs libfoo')\n",
+        site,
+        "twinkle-broken",
+        "twinkle_broken",
+        "raise ImportError('needs libfoo')\n",
         entry_point="fancy",
     )
     with pytest.raises(PluginNotFoundError, match="failed to load") as info:
@@ -166,7 +173,10 @@ def test_override_replaces_a_builtin(site):
 
 def test_incompatible_plugin_is_not_loaded(site):
     make_plugin(
-        site, "twinkle-future", "twinkle_future", GOOD.replace("{module}", "twinkle_future"),
+        site,
+        "twinkle-future",
+        "twinkle_future",
+        GOOD.replace("{module}", "twinkle_future"),
         requires=("twinkle-core>=99",),
     )
     info = {p.name: p for p in plugin_system().plugins()}["twinkle_future"]
@@ -210,7 +220,8 @@ def test_missing_known_plugin_gives_pip_command(fresh_plugins, monkeypatch, kind
 
 def test_initialize_ray_without_the_backend(fresh_plugins, monkeypatch):
     monkeypatch.setenv("TWINKLE_DISABLE_PLUGIN_AUTOLOAD", "1")
-    with pytest.raises(PluginNotFoundError, match=r"named 'ray'.*installed: inprocess.*twinkle-core\[ray\]"):
+    pattern = r"named 'ray'.*installed: inprocess.*twinkle-core\[ray\]"
+    with pytest.raises(PluginNotFoundError, match=pattern):
         initialize(mode="ray")
 
 

@@ -91,7 +91,7 @@ def _resolve_lazy(value: Any, workers: WorkerGroup) -> Any:
         return new if any(new[k] is not value[k] for k in value) else value
     if type(value) in (list, tuple):
         new_items = [_resolve_lazy(v, workers) for v in value]
-        if any(a is not b for a, b in zip(new_items, value)):
+        if any(a is not b for a, b in zip(new_items, value, strict=True)):
             return type(value)(new_items)
     return value
 
@@ -122,7 +122,10 @@ def invoke(
             f"{len(per_worker) if hasattr(per_worker, '__len__') else '?'} entries for "
             f"{len(targets)} workers; it must return a list of one (args, kwargs) per worker"
         )
-    calls = [WorkerCall(rank, tuple(a), dict(k)) for rank, (a, k) in zip(targets, per_worker)]
+    calls = [
+        WorkerCall(rank, tuple(a), dict(k))
+        for rank, (a, k) in zip(targets, per_worker, strict=True)
+    ]
     pending = workers.submit(spec.name, calls)
     method = f"{workers.class_name}.{spec.name}"
 

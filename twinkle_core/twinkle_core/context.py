@@ -1,4 +1,4 @@
-"""The worker context: tells code running inside a worker who it is, the same way on every backend."""
+"""The worker context: tells code inside a worker who it is, the same way on every backend."""
 
 from __future__ import annotations
 

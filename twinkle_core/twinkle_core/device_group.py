@@ -1,4 +1,4 @@
-"""`DeviceGroup`: a named set of ranks on one kind of device, the unit a remote class is placed on."""
+"""`DeviceGroup`: a named set of ranks on one device type; remote classes are placed on one."""
 
 from __future__ import annotations
 
@@ -75,8 +75,10 @@ class DeviceGroup:
                 raise ConfigurationError(
                     f"DeviceGroup {self.name!r}: ranks contain duplicates: {list(rank_list)}"
                 )
-        if isinstance(self.gpus_per_worker, bool) or not isinstance(self.gpus_per_worker, int) or (
-            self.gpus_per_worker < 1
+        if (
+            isinstance(self.gpus_per_worker, bool)
+            or not isinstance(self.gpus_per_worker, int)
+            or (self.gpus_per_worker < 1)
         ):
             raise ConfigurationError(
                 f"DeviceGroup {self.name!r}: gpus_per_worker must be an integer >= 1, "

@@ -21,9 +21,7 @@ DATA_DIMS = ("dp", "fsdp")
 
 def _check_size(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ConfigurationError(
-            f"DeviceMesh: {name} must be a positive integer, got {value!r}"
-        )
+        raise ConfigurationError(f"DeviceMesh: {name} must be a positive integer, got {value!r}")
     return int(value)
 
 
@@ -185,7 +183,9 @@ class DeviceMesh:
 
     def parallelism(self) -> dict[str, int]:
         """Dimension sizes larger than one, e.g. `{'dp': 2, 'tp': 4}`; `{'dp': 1}` when serial."""
-        sizes = {n: int(s) for n, s in zip(self.mesh_dim_names, self.mesh.shape) if s > 1}
+        sizes = {
+            n: int(s) for n, s in zip(self.mesh_dim_names, self.mesh.shape, strict=True) if s > 1
+        }
         return sizes or {"dp": 1}
 
     def describe(self) -> str:
@@ -194,9 +194,7 @@ class DeviceMesh:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, DeviceMesh):
             return NotImplemented
-        return self.mesh_dim_names == other.mesh_dim_names and np.array_equal(
-            self.mesh, other.mesh
-        )
+        return self.mesh_dim_names == other.mesh_dim_names and np.array_equal(self.mesh, other.mesh)
 
     def __hash__(self) -> int:
         return hash((self.mesh_dim_names, self.mesh.shape, tuple(self.ranks)))

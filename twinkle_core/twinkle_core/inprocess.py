@@ -14,8 +14,14 @@ import socket
 from collections.abc import Iterator
 from typing import Any
 
-from .backend import CompletedCall, ExecutionBackend, PendingCall, WorkerCall, WorkerGroup
-from .backend import WorkerPlacement
+from .backend import (
+    CompletedCall,
+    ExecutionBackend,
+    PendingCall,
+    WorkerCall,
+    WorkerGroup,
+    WorkerPlacement,
+)
 from .context import WorkerContext, worker_context
 from .device_group import DeviceGroup
 from .device_mesh import DeviceMesh

@@ -6,6 +6,7 @@ import inspect
 import logging
 import os
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from .device_group import canonical_device_type
@@ -64,7 +65,7 @@ class AcceleratorPlatform(ABC):
     def set_rng_state(self, state: Any) -> None:
         """Restore a state returned by `get_rng_state`."""
 
-    def visible_devices_environment(self, device_ids: list[int] | tuple[int, ...]) -> dict[str, str]:
+    def visible_devices_environment(self, device_ids: Sequence[int]) -> dict[str, str]:
         """Environment that makes exactly `device_ids` visible to a worker process."""
         if not self.visible_devices_env:
             return {}

@@ -216,9 +216,7 @@ class PluginSystem:
         # name is attributed to the plugin that registered it. Core goes first.
         for kind in KINDS:
             caller = getattr(self.pm.hook, f"register_{kind}")
-            impls = sorted(
-                caller.get_hookimpls(), key=lambda i: i.plugin_name != CORE_PLUGIN_NAME
-            )
+            impls = sorted(caller.get_hookimpls(), key=lambda i: i.plugin_name != CORE_PLUGIN_NAME)
             for impl in impls:
                 info = self.infos.setdefault(
                     impl.plugin_name, PluginInfo(impl.plugin_name, None, None)

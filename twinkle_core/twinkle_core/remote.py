@@ -7,8 +7,8 @@ import inspect
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from .callsite import user_call_site
 from .calls import EXECUTE_MODES, MethodSpec, RemoteBinding, invoke
+from .callsite import user_call_site
 from .collect import Collector
 from .device_mesh import DeviceMesh
 from .dispatch import Dispatcher
@@ -20,7 +20,6 @@ F = TypeVar("F", bound=Callable[..., Any])
 BINDING_ATTR = "_twinkle_binding"
 SPEC_ATTR = "__twinkle_remote_function__"
 CLASS_ATTR = "__twinkle_remote_class__"
-
 
 
 def _check_strategy(value: Any, argument: str, base: type) -> None:

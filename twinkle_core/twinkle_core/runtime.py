@@ -162,7 +162,9 @@ def _positive_int_or_none(name: str, value: Any) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigurationError(f"initialize({name}=...) must be a positive integer, got {value!r}")
+        raise ConfigurationError(
+            f"initialize({name}=...) must be a positive integer, got {value!r}"
+        )
     return value
 
 
