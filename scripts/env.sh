@@ -11,18 +11,23 @@ DEV_DEPS=(pytest hypothesis ruff "setuptools>=70" wheel)
 
 log() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 
-# ensure_env NAME [--torch] PACKAGE_DIR... [-- EXTRA_REQUIREMENT...]
-# Creates .venvs/NAME with the given twinkle packages installed in editable mode, the dev tools
-# and, with --torch, the pinned CPU torch. Prints nothing when it is already up to date.
+# ensure_env NAME [--torch] [--installed] PACKAGE_DIR... [-- EXTRA_REQUIREMENT...]
+# Creates .venvs/NAME with the given twinkle packages installed in editable mode (with
+# --installed: built and installed as a user would, re-installed when a source file changes),
+# the dev tools and, with --torch, the pinned CPU torch. Silent when already up to date.
 ensure_env() {
   local name=$1; shift
-  local torch=no pkgs=() extra=()
+  local torch=no installed=no pkgs=() extra=()
   if [ "${1:-}" = --torch ]; then torch=yes; shift; fi
+  if [ "${1:-}" = --installed ]; then installed=yes; shift; fi
   while [ $# -gt 0 ] && [ "$1" != -- ]; do pkgs+=("$1"); shift; done
   if [ "${1:-}" = -- ]; then shift; extra=("$@"); fi
   local venv="$VENVS/$name" stamp
   stamp=$( { echo "$torch ${pkgs[*]} ${extra[*]} ${DEV_DEPS[*]} $TORCH_SPEC"; \
-             for p in "${pkgs[@]}"; do cat "$p/pyproject.toml"; done; } | sha256sum | cut -c1-16)
+             for p in "${pkgs[@]}"; do cat "$p/pyproject.toml"; done
+             if [ "$installed" = yes ]; then
+               find "${pkgs[@]}" -name '*.py' -not -path '*/build/*' | sort | xargs cat
+             fi; } | sha256sum | cut -c1-16)
   if [ -f "$venv/.stamp" ] && [ "$(cat "$venv/.stamp")" = "$stamp" ]; then
     return 0
   fi
@@ -36,9 +41,14 @@ ensure_env() {
   if [ "$torch" = yes ]; then torch_req=("$TORCH_SPEC"); fi
   "${pip[@]}" "${DEV_DEPS[@]}" "${extra[@]}" "${torch_req[@]}"
   local args=()
-  for p in "${pkgs[@]}"; do args+=(-e "$p"); done
-  # compat mode puts each package folder on sys.path, so `import twinkle_core` finds the real
-  # package even when the repository root (holding the twinkle_core/ folder) is the cwd.
-  "${pip[@]}" --config-settings editable_mode=compat "${args[@]}" "${torch_req[@]}"
+  if [ "$installed" = yes ]; then
+    "${pip[@]}" --force-reinstall --no-deps "${pkgs[@]}"
+    "${pip[@]}" "${pkgs[@]}" "${torch_req[@]}"
+  else
+    for p in "${pkgs[@]}"; do args+=(-e "$p"); done
+    # compat mode puts each package folder on sys.path, so `import twinkle_core` finds the real
+    # package even when the repository root (holding the twinkle_core/ folder) is the cwd.
+    "${pip[@]}" --config-settings editable_mode=compat "${args[@]}" "${torch_req[@]}"
+  fi
   echo "$stamp" > "$venv/.stamp"
 }

@@ -38,8 +38,9 @@ for suite in "${SUITES[@]}"; do
       "$VENVS/docs/bin/mkdocs" build --strict --quiet --site-dir "$REPORTS/site"
       ;;
     core)
-      ensure_env core ./twinkle_core
-      run_pytest core core tests/core
+      # Installed as a user would (`pip install ./twinkle_core`), without torch or ray.
+      ensure_env core-installed --installed ./twinkle_core
+      run_pytest core-installed core tests/core
       ;;
     dingtalk)
       ensure_env dingtalk ./twinkle_core ./twinkle_notify_dingtalk
