@@ -23,7 +23,9 @@ class Worker:
 def _failing_call(notifier) -> tuple[float, float]:
     """(seconds the failing call took, seconds shutdown took) for one failing remote call."""
     twinkle_core.initialize(
-        mode="inprocess", name="bad-endpoint", groups=[DeviceGroup("w", 2, "cpu")],
+        mode="inprocess",
+        name="bad-endpoint",
+        groups=[DeviceGroup("w", 2, "cpu")],
         notifier=notifier,
     )
     worker = Worker(remote_group="w")

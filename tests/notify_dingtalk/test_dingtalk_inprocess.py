@@ -110,7 +110,7 @@ def test_notifier_by_name_from_environment(robot, token, secret, monkeypatch):
     monkeypatch.setenv("TWINKLE_DINGTALK_SECRET", secret)
     monkeypatch.setenv("TWINKLE_DINGTALK_KEYWORD", "twinkle")
     robot.keyword = "twinkle"
-    exc, _, _ = _run_failing_job("dingtalk", name="env-configured")
+    _run_failing_job("dingtalk", name="env-configured")
     (msg,) = robot.wait_for(1, timeout=5)
     assert "env-configured" in msg.title and msg.ok
 

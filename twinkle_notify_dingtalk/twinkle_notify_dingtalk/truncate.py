@@ -83,7 +83,7 @@ def fit_text(text: str, budget: int, head_share: float = HEAD_SHARE) -> str:
     if json_cost(text) <= budget:
         return text
     lines = text.split("\n")
-    line_cap = max(80, budget // 4)
+    line_cap = max(80, min(2000, budget // 4))
     lines = [cut_middle(line, line_cap) for line in lines]
     capped = "\n".join(lines)
     if json_cost(capped) <= budget:
