@@ -97,9 +97,13 @@ def installed(tmp_path_factory):
     return env, root
 
 
-def _twinkle_command() -> list[str]:
+def twinkle(*args: str, env: dict, cwd: Path) -> str:
+    """Run the installed `twinkle` console script and return its output."""
     script = Path(sys.executable).parent / "twinkle"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "twinkle_core.cli"]
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "twinkle_core.cli"]
+    return subprocess.run(
+        [*command, *args], env=env, capture_output=True, text=True, timeout=60, cwd=cwd, check=True
+    ).stdout
 
 
 def test_installed_plugin_is_listed(installed):
