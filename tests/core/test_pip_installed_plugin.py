@@ -108,31 +108,13 @@ def twinkle(*args: str, env: dict, cwd: Path) -> str:
 
 def test_installed_plugin_is_listed(installed):
     env, root = installed
-    out = subprocess.run(
-        [*_twinkle_command(), "plugins", "--json"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=root,
-        check=True,
-    )
-    plugins = {p["name"]: p for p in json.loads(out.stdout)}
+    plugins = {p["name"]: p for p in json.loads(twinkle("plugins", "--json", env=env, cwd=root))}
     assert plugins["reverse"]["distribution"] == "twinkle-reverse"
     assert plugins["reverse"]["version"] == "0.3.0"
     assert plugins["reverse"]["registers"]["dispatchers"] == ["reverse"]
     assert plugins["reverse"]["registers"]["collectors"] == ["joined"]
     assert plugins["reverse"]["error"] is None
-    text = subprocess.run(
-        [*_twinkle_command(), "plugins"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=root,
-        check=True,
-    ).stdout
-    assert "reverse  [twinkle-reverse 0.3.0]" in text
+    assert "reverse  [twinkle-reverse 0.3.0]" in twinkle("plugins", env=env, cwd=root)
 
 
 def test_installed_plugin_is_used_by_name(installed):
@@ -153,13 +135,5 @@ def test_installed_plugin_is_used_by_name(installed):
 def test_disabling_autoload_hides_it(installed):
     env, root = installed
     env = dict(env, TWINKLE_DISABLE_PLUGIN_AUTOLOAD="1")
-    out = subprocess.run(
-        [*_twinkle_command(), "plugins", "--json"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=root,
-        check=True,
-    )
-    assert [p["name"] for p in json.loads(out.stdout)] == ["core"]
+    plugins = json.loads(twinkle("plugins", "--json", env=env, cwd=root))
+    assert [p["name"] for p in plugins] == ["core"]
