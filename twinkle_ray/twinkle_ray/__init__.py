@@ -1,0 +1,25 @@
+"""twinkle-ray: mode `ray` for twinkle. Remote classes run as Ray actors on placement groups.
+
+Importing this package does not import ray's heavy parts until the backend is used; the plugin
+registers the backend by name only.
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from .envvars import DEFAULT_PASSTHROUGH
+
+__all__ = ["DEFAULT_PASSTHROUGH", "RayBackend", "init_distributed"]
+
+
+def __getattr__(name: str):
+    if name == "RayBackend":
+        from .backend import RayBackend
+
+        return RayBackend
+    if name == "init_distributed":
+        from .distributed import init_distributed
+
+        return init_distributed
+    raise AttributeError(name)

@@ -1,0 +1,297 @@
+"""`RayBackend`: mode `ray`. Ray schedules, transports and stores; twinkle plans and wires.
+
+`initialize()` connects to a cluster (or starts an embedded one), reserves placement groups for
+every device group (checked against the live nodes first, bounded by `placement_timeout`), and
+`create_workers()` starts one actor per worker with its rank environment, visible devices,
+seed and worker context. `shutdown()` removes exactly what the run made.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import time
+from typing import Any
+
+import ray
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from twinkle_core import (
+    DeviceGroup,
+    DeviceMesh,
+    ExecutionBackend,
+    LazyCollect,
+    WorkerErrors,
+    WorkerGroup,
+    WorkerPlacement,
+    get_platform,
+)
+from twinkle_core.context import WorkerContext
+from twinkle_core.plugins import plugin_system
+
+from .actor import ActorBoot, TwinkleActor, flatten_call
+from .cluster import ClusterConnection
+from .envvars import passthrough_patterns, select
+from .options import RayOptions
+from .resources import ResourceManager, ceil_cpus
+from .transfer import register_tensor_serializer, reset_tensor_serializer
+from .workers import RayPendingCall, RayWorkerGroup, Shipper
+
+log = logging.getLogger("twinkle")
+
+_actor_class: Any = None
+
+
+def actor_class() -> Any:
+    """`TwinkleActor` as a Ray actor class (made once per process)."""
+    global _actor_class
+    if _actor_class is None:
+        _actor_class = ray.remote(TwinkleActor)
+    return _actor_class
+
+
+def noset_variables() -> dict[str, str]:
+    """`RAY_EXPERIMENTAL_NOSET_*` of every registered platform, set to 1."""
+    system = plugin_system()
+    out = {}
+    for name in system.names("platforms"):
+        try:
+            platform = get_platform(name)
+        except Exception as exc:  # a broken platform plugin must not stop the run
+            log.debug("twinkle: platform %r could not be loaded: %s", name, exc)
+            continue
+        for var in getattr(platform, "ray_noset_env_vars", ()):
+            out[var] = "1"
+    return out
+
+
+def _resolve_lazies(value: Any) -> Any:
+    if isinstance(value, LazyCollect):
+        return value()
+    if isinstance(value, dict):
+        return {k: _resolve_lazies(v) for k, v in value.items()}
+    if type(value) in (list, tuple):
+        return type(value)(_resolve_lazies(v) for v in value)
+    return value
+
+
+class RayBackend(ExecutionBackend):
+    """Mode `ray`: every worker of a remote class is a Ray actor on the run's placement groups."""
+
+    name = "ray"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.options: RayOptions | None = None
+        self.connection = ClusterConnection()
+        self.resources: ResourceManager | None = None
+        self.worker_groups: list[RayWorkerGroup] = []
+        self.passthrough_env: dict[str, str] = {}
+        self.noset: dict[str, str] = {}
+        self._set_env: list[str] = []
+        self._instances = itertools.count()
+
+    # ------------------------------------------------------------------ lifecycle
+    def initialize(self, config) -> None:
+        super().initialize(config)
+        self.options = opts = RayOptions.parse(config.backend_options)
+        for group in config.groups.values():
+            if not group.is_cpu:
+                get_platform(group.device_type)  # an unknown device type fails here, clearly
+        self.noset = noset_variables()
+        for var, value in self.noset.items():
+            if var not in os.environ:
+                os.environ[var] = value  # an embedded cluster's raylets inherit it
+                self._set_env.append(var)
+        patterns = passthrough_patterns(opts.env_passthrough)
+        self.passthrough_env = select(os.environ, patterns)
+        cpu_demand = sum(
+            opts.cpus_for(g.name) * g.num_workers for g in config.groups.values() if g.is_cpu
+        )
+        has_accel = any(not g.is_cpu for g in config.groups.values())
+        num_cpus = opts.num_cpus
+        if num_cpus is None:
+            num_cpus = max(os.cpu_count() or 1, ceil_cpus(cpu_demand) * (2 if has_accel else 1))
+        self.connection.open(
+            opts.address,
+            runtime_env={"env_vars": {**self.passthrough_env, **self.noset}},
+            namespace=opts.namespace,
+            num_cpus=num_cpus,
+            num_gpus=opts.num_gpus,
+            resources=dict(opts.resources),
+            object_store_memory=opts.object_store_memory,
+            keep_env=(*patterns, *self.noset),
+        )
+        try:
+            self.resources = ResourceManager(
+                config.name,
+                config.groups,
+                config.nproc_per_node,
+                opts.cpus_for,
+                opts.placement_timeout,
+            )
+            self.resources.reserve()
+            register_tensor_serializer()
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def shutdown(self) -> None:
+        """Kill every actor and remove every placement group of this run; safe twice."""
+        groups, self.worker_groups = self.worker_groups, []
+        if ray.is_initialized():
+            for workers in groups:
+                workers.teardown("the run shut down")
+            if self.resources is not None:
+                self.resources.release()
+            try:
+                from ray.experimental import internal_kv
+
+                if self.config is not None:
+                    internal_kv._internal_kv_del(
+                        f"twinkle:{self.config.name}:".encode(), del_by_prefix=True
+                    )
+            except Exception:  # the cluster may already be gone
+                pass
+        self.resources = None
+        if self.connection.connected_here:
+            reset_tensor_serializer()
+        self.connection.close()
+        for var in self._set_env:
+            os.environ.pop(var, None)
+        self._set_env = []
+
+    # ------------------------------------------------------------------ workers
+    def create_workers(
+        self,
+        cls: type,
+        group: DeviceGroup,
+        device_mesh: DeviceMesh,
+        args: tuple,
+        kwargs: dict,
+        *,
+        num_workers: int,
+    ) -> WorkerGroup:
+        config, opts, resources = self.config, self.options, self.resources
+        assert config is not None and opts is not None and resources is not None
+        slots = resources.slots(group, num_workers)
+        instance = next(self._instances)
+        platform = get_platform(group.device_type)
+        noset = tuple(self.noset)
+        handles = []
+        for slot in slots:
+            env = {
+                **self.passthrough_env,
+                **slot.visible_env,
+                "RANK": str(slot.rank),
+                "WORLD_SIZE": str(slot.world_size),
+                "LOCAL_RANK": str(slot.local_rank),
+                "LOCAL_WORLD_SIZE": str(slot.local_world_size),
+                "TWINKLE_RUN_NAME": config.name,
+                "TWINKLE_GROUP": group.name,
+            }
+            boot = ActorBoot(
+                group=group.name,
+                class_name=cls.__name__,
+                rank=slot.rank,
+                expected_node=slot.node.node_id,
+                device_type=group.device_type,
+                devices=slot.devices,
+                env=env,
+                noset_env=noset,
+            )
+            request = dict(slot.resources)
+            options: dict[str, Any] = {
+                "name": f"{config.name}:{group.name}:{cls.__name__}:{instance}:{slot.rank}",
+                "num_cpus": request.pop("CPU", 0.0),
+                "num_gpus": request.pop("GPU", 0.0),
+                "resources": request or None,
+                "max_restarts": 0,
+                "max_task_retries": 0,
+                "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                    slot.pg, placement_group_bundle_index=slot.bundle_index
+                ),
+            }
+            handles.append(actor_class().options(**options).remote(boot))
+        placements = [
+            WorkerPlacement(
+                s.rank,
+                s.node.label,
+                s.devices if not group.is_cpu else group.worker_ranks(s.rank),
+                group.device_type,
+            )
+            for s in slots
+        ]
+        workers = RayWorkerGroup(
+            group, device_mesh, cls.__name__, handles, placements, config.name
+        )
+        self.worker_groups.append(workers)
+        try:
+            self._start(workers, slots, platform, cls, args, kwargs, config, opts.start_timeout)
+        except BaseException:
+            workers.teardown("its start-up failed")
+            self.worker_groups.remove(workers)
+            raise
+        return workers
+
+    def _start(self, workers, slots, platform, cls, args, kwargs, config, timeout) -> None:
+        deadline = time.monotonic() + timeout
+        hello = RayPendingCall(
+            workers,
+            "__init__ (start-up)",
+            list(range(len(slots))),
+            [h.hello.remote() for h in workers.handles],
+            [],
+        )
+        port_ref = workers.handles[0].free_port.remote()
+        _raise_first(hello, timeout, "start")
+        master = ray.get(port_ref, timeout=max(1.0, deadline - time.monotonic()))
+        args, kwargs = _resolve_lazies(args), _resolve_lazies(kwargs)
+        shipper = Shipper([(args, kwargs), (args, kwargs)])  # every worker: one copy
+        kwnames, values = flatten_call(*shipper.ship_call(args, kwargs))
+        refs = []
+        for slot, handle in zip(slots, workers.handles):
+            ctx = WorkerContext(
+                rank=slot.rank,
+                world_size=slot.world_size,
+                local_rank=slot.local_rank,
+                local_world_size=slot.local_world_size,
+                group_name=workers.group.name,
+                device_mesh=workers.device_mesh,
+                node_id=slot.node.label,
+                device_type=workers.group.device_type,
+                device_ids=workers.placements[slot.rank].devices,
+            )
+            refs.append(
+                handle.construct.remote(
+                    master, ctx, config.seed, config.full_determinism, cls, False, kwnames, *values
+                )
+            )
+        construct = RayPendingCall(
+            workers, "__init__", list(range(len(slots))), refs, []
+        )
+        _raise_first(construct, max(1.0, deadline - time.monotonic()), "construct")
+
+    # ------------------------------------------------------------------ facts
+    def describe(self) -> dict[str, Any]:
+        if not ray.is_initialized():
+            return {"ray": "not connected"}
+        how = "embedded" if self.connection.started_cluster else "connected"
+        nodes = len(self.resources.nodes) if self.resources is not None else 0
+        return {"ray": f"{self.connection.address} ({how})", "nodes": nodes}
+
+
+def _raise_first(pending: RayPendingCall, timeout: float, what: str) -> None:
+    """Wait for a start-up step; raise the lowest failing rank's own exception, with where."""
+    try:
+        pending.wait(timeout)
+    except WorkerErrors as errors:
+        first = errors.failures[0]
+        exc = first.exception
+        exc.add_note(
+            f"twinkle: {pending.workers.class_name} failed to {what} in group "
+            f"{pending.workers.group.name!r} on rank {first.rank} node {first.node or '?'}",
+        )
+        raise exc from None
+

@@ -1,0 +1,129 @@
+"""Connecting to a Ray cluster, or starting an embedded one, and listing its live nodes."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+
+from .envvars import NODE_ESSENTIALS, scrubbed_environ
+
+log = logging.getLogger("twinkle")
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """One live node: its id, address and total resources."""
+
+    node_id: str
+    ip: str
+    resources: dict[str, float] = field(hash=False)
+
+    @property
+    def label(self) -> str:
+        """How the node is named in placements and errors: `ip/first-8-of-id`."""
+        return f"{self.ip}/{self.node_id[:8]}"
+
+    def amount(self, resource: str) -> float:
+        return float(self.resources.get(resource, 0.0))
+
+
+def live_nodes() -> list[NodeInfo]:
+    """Alive nodes in a stable order (address, then node id)."""
+    nodes = [
+        NodeInfo(n["NodeID"], n.get("NodeManagerAddress", "?"), dict(n.get("Resources", {})))
+        for n in ray.nodes()
+        if n.get("Alive")
+    ]
+    return sorted(nodes, key=lambda n: (n.ip, n.node_id))
+
+
+def describe_nodes(nodes: list[NodeInfo], resources: tuple[str, ...] = ()) -> str:
+    """One line per node with its CPUs, accelerators and any `resources` asked about."""
+    shown = ("CPU", "GPU", "NPU", *resources)
+    lines = []
+    for node in nodes:
+        parts = [f"{r}={node.amount(r):g}" for r in dict.fromkeys(shown) if r in node.resources]
+        lines.append(f"  node {node.label}: {', '.join(parts) or 'no resources'}")
+    return "\n".join(lines) or "  (no live nodes)"
+
+
+class ClusterConnection:
+    """This run's connection to Ray: who started what, so shutdown undoes exactly that."""
+
+    def __init__(self) -> None:
+        self.started_cluster = False
+        self.connected_here = False
+        self.address = ""
+        self._temp_dir: str | None = None
+
+    def open(
+        self,
+        address: str | None,
+        *,
+        runtime_env: dict[str, Any],
+        namespace: str | None,
+        num_cpus: int | None,
+        num_gpus: int | None,
+        resources: dict[str, float],
+        object_store_memory: int | None,
+        keep_env: tuple[str, ...],
+    ) -> None:
+        """Connect to `address`, reuse a connection the caller made, or start a local cluster."""
+        if ray.is_initialized():
+            # The caller connected already (e.g. a test fixture): use it, never shut it down.
+            self.address = ray.get_runtime_context().gcs_address
+            log.info("twinkle: using the Ray connection this process already has")
+            return
+        kwargs: dict[str, Any] = {
+            "runtime_env": runtime_env,
+            "namespace": namespace,
+            "log_to_driver": True,
+            "logging_level": logging.WARNING,
+        }
+        if address is not None:
+            ray.init(address=address, **kwargs)
+            self.connected_here = True
+            self.address = address
+            return
+        # Ray's socket paths must stay under 107 bytes: a short directory of our own.
+        self._temp_dir = tempfile.mkdtemp(prefix="tw-ray-", dir="/tmp")
+        options = {
+            "num_cpus": num_cpus,
+            "num_gpus": num_gpus,
+            "resources": resources or None,
+            "object_store_memory": object_store_memory,
+            "include_dashboard": False,
+            "_node_ip_address": "127.0.0.1",
+            "_temp_dir": self._temp_dir,
+        }
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        try:
+            # The cluster's processes inherit this environment, and so every worker: keep only
+            # what a node needs and what is meant to travel, never the driver's secrets.
+            with scrubbed_environ(keep_env + NODE_ESSENTIALS):
+                ray.init(**kwargs, **{k: v for k, v in options.items() if v is not None})
+        except BaseException:
+            self._remove_temp_dir()
+            raise
+        self.started_cluster = True
+        self.connected_here = True
+        self.address = ray.get_runtime_context().gcs_address
+
+    def close(self) -> None:
+        """Disconnect if this run connected, which also stops a cluster it started."""
+        if self.connected_here and ray.is_initialized():
+            ray.shutdown()
+        self.connected_here = False
+        self.started_cluster = False
+        self._remove_temp_dir()
+
+    def _remove_temp_dir(self) -> None:
+        if self._temp_dir is not None:
+            shutil.rmtree(self._temp_dir, ignore_errors=True)
+            self._temp_dir = None

@@ -1,0 +1,105 @@
+"""The options of `initialize(mode='ray', **options)`, validated with errors that say how to fix."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from twinkle_core import ConfigurationError
+
+
+@dataclass
+class RayOptions:
+    """Settings of the Ray backend.
+
+    - `address`: a running cluster to connect to (default `$RAY_ADDRESS`; none starts an
+      embedded local cluster with the dashboard off, bound to 127.0.0.1).
+    - `num_cpus`, `num_gpus`, `resources`, `object_store_memory`: the embedded cluster's size
+      (`num_cpus` defaults to enough logical CPUs for the requested groups).
+    - `placement_timeout`: seconds to wait for placement groups before failing (default 60).
+    - `start_timeout`: seconds to wait for actors to start and construct (default 300).
+    - `cpus_per_worker`: CPUs each CPU-group worker reserves; a number, or a dict by group
+      name (fractions allowed, default 1).
+    - `env_passthrough`: extra environment variable names (`PREFIX_*` allowed) sent to workers.
+    - `namespace`: the Ray namespace of the run's actors (default: an anonymous one).
+    """
+
+    address: str | None = None
+    num_cpus: int | None = None
+    num_gpus: int | None = None
+    resources: dict[str, float] = field(default_factory=dict)
+    object_store_memory: int | None = None
+    placement_timeout: float = 60.0
+    start_timeout: float = 300.0
+    cpus_per_worker: float | dict[str, float] = 1.0
+    env_passthrough: tuple[str, ...] = ()
+    namespace: str | None = None
+
+    @classmethod
+    def parse(cls, options: Mapping[str, Any]) -> RayOptions:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise ConfigurationError(
+                f"initialize(mode='ray') got unknown options {unknown}; the Ray backend accepts: "
+                f"{', '.join(sorted(known))}"
+            )
+        opts = cls(**dict(options))
+        if opts.address is None:
+            opts.address = os.environ.get("RAY_ADDRESS") or None
+        if opts.address is not None and (not isinstance(opts.address, str) or not opts.address):
+            raise ConfigurationError(
+                f"initialize(mode='ray', address=...) must be a cluster address such as "
+                f"'10.0.0.1:6379' or 'auto', got {opts.address!r}"
+            )
+        for name in ("num_cpus", "num_gpus", "object_store_memory"):
+            value = getattr(opts, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or (
+                value < 0
+            )):
+                raise ConfigurationError(
+                    f"initialize(mode='ray', {name}=...) must be a non-negative integer, "
+                    f"got {value!r}"
+                )
+        for name in ("placement_timeout", "start_timeout"):
+            value = getattr(opts, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                raise ConfigurationError(
+                    f"initialize(mode='ray', {name}=...) must be a positive number of seconds, "
+                    f"got {value!r}"
+                )
+        if not isinstance(opts.resources, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, (int, float)) and v >= 0
+            for k, v in opts.resources.items()
+        ):
+            raise ConfigurationError(
+                f"initialize(mode='ray', resources=...) must map resource names to amounts, "
+                f"e.g. {{'NPU': 8}}; got {opts.resources!r}"
+            )
+        cpw = opts.cpus_per_worker
+        values = cpw.values() if isinstance(cpw, Mapping) else [cpw]
+        if not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in values
+        ):
+            raise ConfigurationError(
+                f"initialize(mode='ray', cpus_per_worker=...) must be a positive number or a "
+                f"dict of group name -> positive number, got {cpw!r}"
+            )
+        if isinstance(opts.env_passthrough, str) or not all(
+            isinstance(v, str) and v for v in opts.env_passthrough
+        ):
+            raise ConfigurationError(
+                f"initialize(mode='ray', env_passthrough=...) must be a list of variable names "
+                f"(a trailing '*' matches a prefix), got {opts.env_passthrough!r}"
+            )
+        opts.env_passthrough = tuple(opts.env_passthrough)
+        return opts
+
+    def cpus_for(self, group: str) -> float:
+        """CPUs one worker of CPU group `group` reserves."""
+        cpw = self.cpus_per_worker
+        if isinstance(cpw, Mapping):
+            return float(cpw.get(group, 1.0))
+        return float(cpw)

@@ -1,0 +1,14 @@
+"""twinkle-ray's plugin module, loaded through the `twinkle` entry-point group.
+
+The backend is registered as a "module:attr" string, so listing plugins imports neither ray nor
+the backend.
+"""
+
+from __future__ import annotations
+
+from twinkle_core import hookimpl
+
+
+@hookimpl
+def register_backends(register) -> None:
+    register("ray", "twinkle_ray.backend:RayBackend")

@@ -1,0 +1,374 @@
+"""The ResourceManager: turns the run's device groups into placement groups and worker slots.
+
+Accelerator groups share one device-rank space per device type: node `i` (in the stable node
+order) holds device ranks `i*nproc_per_node ... (i+1)*nproc_per_node-1`, reserved by one
+placement group pinned to that node (`{GPU or NPU: nproc_per_node, CPU: node CPUs // 2}`).
+Each CPU group gets a placement group of one bundle per worker. The request is checked against
+the live nodes before anything is asked for, and placement waits at most `placement_timeout`.
+
+Inside its bundle an actor asks only for a token share: the placement group already holds the
+devices, twinkle itself decides which physical device each worker sees, and several remote
+classes can live on the same group (as on torchrun, where one process hosts all of them).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+from ray.util.placement_group import (
+    PlacementGroup,
+    placement_group,
+    placement_group_table,
+    remove_placement_group,
+)
+
+from twinkle_core import ConfigurationError, DeviceGroup, TwinkleError, get_platform
+
+from .cluster import NodeInfo, describe_nodes, live_nodes
+
+#: The share of its bundle's resources one actor requests (see the module docstring).
+TOKEN_SHARE = 0.01
+
+
+class ClusterResourceError(TwinkleError):
+    """The cluster cannot hold what the run asks for (or not within `placement_timeout`)."""
+
+
+@dataclass
+class NodeReservation:
+    """One accelerator placement group on one node, and the physical devices it holds."""
+
+    device_type: str
+    resource: str
+    node: NodeInfo
+    node_index: int
+    pg: PlacementGroup
+    devices: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class WorkerSlot:
+    """Where worker `rank` of a group runs and what it sees."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    node: NodeInfo
+    pg: PlacementGroup
+    bundle_index: int
+    device_type: str
+    devices: tuple[int, ...]
+    visible_env: dict[str, str]
+    resources: dict[str, float]
+
+
+def _ask(value: float) -> str:
+    return f"{value:g}"
+
+
+class ResourceManager:
+    """Plans and holds the run's placement groups; releases them all in `release()`."""
+
+    def __init__(
+        self,
+        run_name: str,
+        groups: dict[str, DeviceGroup],
+        nproc_per_node: int | None,
+        cpus_for: Any,
+        placement_timeout: float,
+    ) -> None:
+        self.run_name = run_name
+        self.groups = groups
+        self.nproc_per_node = nproc_per_node
+        self.cpus_for = cpus_for
+        self.placement_timeout = placement_timeout
+        self.nodes: list[NodeInfo] = []
+        self.reservations: dict[str, list[NodeReservation]] = {}
+        self.npn: dict[str, int] = {}
+        self.cpu_pgs: dict[str, PlacementGroup] = {}
+        self.cpu_bundle_nodes: dict[str, list[NodeInfo]] = {}
+        self._all_pgs: list[PlacementGroup] = []
+
+    # ------------------------------------------------------------------ planning
+    def accelerator_types(self) -> list[str]:
+        return sorted({g.device_type for g in self.groups.values() if not g.is_cpu})
+
+    def _resource_of(self, device_type: str) -> str:
+        platform = get_platform(device_type)
+        if not platform.ray_resource:
+            raise ConfigurationError(
+                f"device_type {device_type!r} has no Ray resource (its platform sets "
+                "ray_resource=None), so Ray cannot place it; use a platform with a Ray resource "
+                "such as 'cuda' (GPU) or 'npu' (NPU), or 'cpu'"
+            )
+        return platform.ray_resource
+
+    def _plan_accelerators(self, nodes: list[NodeInfo]) -> dict[str, tuple[str, int, list]]:
+        plan = {}
+        for dt in self.accelerator_types():
+            resource = self._resource_of(dt)
+            groups = [g for g in self.groups.values() if g.device_type == dt]
+            top_rank = max(max(g.rank_list) for g in groups)
+            holders = [n for n in nodes if n.amount(resource) >= 1]
+            npn = self.nproc_per_node or (
+                int(min(n.amount(resource) for n in holders)) if holders else 0
+            )
+            asked = (
+                f"device groups {', '.join(repr(g.name) for g in groups)} use {dt} device ranks "
+                f"up to {top_rank}, with nproc_per_node={self.nproc_per_node or npn}"
+            )
+            if npn < 1:
+                raise self._cannot(asked, f"no live node has any {resource}", nodes, resource)
+            n_nodes = top_rank // npn + 1
+            eligible = [n for n in holders if n.amount(resource) >= npn]
+            if len(eligible) < n_nodes:
+                raise self._cannot(
+                    asked,
+                    f"that needs {n_nodes} node(s) with {npn} {resource} each, and only "
+                    f"{len(eligible)} live node(s) have that many",
+                    nodes,
+                    resource,
+                )
+            for g in groups:
+                for w in range(g.num_workers):
+                    spanned = {r // npn for r in g.worker_ranks(w)}
+                    if len(spanned) > 1:
+                        raise ConfigurationError(
+                            f"DeviceGroup {g.name!r}: worker {w} owns device ranks "
+                            f"{list(g.worker_ranks(w))}, which span nodes with "
+                            f"nproc_per_node={npn}; a worker must sit on one node: make "
+                            f"gpus_per_worker divide nproc_per_node and align the ranks"
+                        )
+            self.npn[dt] = npn
+            plan[dt] = (resource, npn, eligible[:n_nodes])
+        return plan
+
+    def _cannot(self, asked: str, why: str, nodes: list[NodeInfo], *res: str) -> Exception:
+        return ClusterResourceError(
+            f"the Ray cluster cannot hold this run: {asked}; {why}.\nLive nodes:\n"
+            f"{describe_nodes(nodes, tuple(res))}\nAsk for less (groups, nproc_per_node, "
+            "cpus_per_worker) or add nodes/resources to the cluster"
+        )
+
+    def reserve(self) -> None:
+        """Check the request against the live nodes, then create and await the placement groups."""
+        self.nodes = nodes = live_nodes()
+        plan = self._plan_accelerators(nodes)
+        cpu_used = {n.node_id: 0.0 for n in nodes}
+        accel_bundles: list[tuple[str, str, int, NodeInfo, int, dict[str, float]]] = []
+        for dt, (resource, npn, chosen) in plan.items():
+            for index, node in enumerate(chosen):
+                cpus = float(int(node.amount("CPU") // 2))
+                bundle = {resource: float(npn)}
+                if cpus:
+                    bundle["CPU"] = cpus
+                cpu_used[node.node_id] += cpus
+                accel_bundles.append((dt, resource, npn, node, index, bundle))
+        cpu_groups = [g for g in self.groups.values() if g.is_cpu]
+        total_cpu = sum(n.amount("CPU") for n in nodes)
+        free = total_cpu - sum(cpu_used.values())
+        asked_cpu = sum(self.cpus_for(g.name) * g.num_workers for g in cpu_groups)
+        if asked_cpu > free + 1e-9:
+            detail = ", ".join(
+                f"{g.name!r}: {g.num_workers} x {_ask(self.cpus_for(g.name))} CPU"
+                for g in cpu_groups
+            )
+            raise self._cannot(
+                f"CPU groups ask for {_ask(asked_cpu)} CPUs ({detail})",
+                f"the cluster has {_ask(total_cpu)} CPUs, {_ask(free)} of them left after "
+                f"the accelerator placement groups",
+                nodes,
+            )
+        biggest = max((n.amount("CPU") for n in nodes), default=0.0)
+        for g in cpu_groups:
+            if self.cpus_for(g.name) > biggest:
+                raise self._cannot(
+                    f"group {g.name!r} asks for {_ask(self.cpus_for(g.name))} CPUs per worker",
+                    f"the largest node has {_ask(biggest)} CPUs",
+                    nodes,
+                )
+        try:
+            self._create(accel_bundles, cpu_groups)
+            self._await(nodes)
+        except BaseException:
+            self.release()
+            raise
+
+    def _create(self, accel_bundles: list, cpu_groups: list[DeviceGroup]) -> None:
+        for dt, resource, _npn, node, index, bundle in accel_bundles:
+            pg = placement_group(
+                [bundle],
+                strategy="STRICT_PACK",
+                name=f"{self.run_name}:{dt}:node{index}",
+                bundle_label_selector=[{"ray.io/node-id": node.node_id}],
+            )
+            self._all_pgs.append(pg)
+            self.reservations.setdefault(dt, []).append(
+                NodeReservation(dt, resource, node, index, pg)
+            )
+        for g in cpu_groups:
+            pg = placement_group(
+                [{"CPU": self.cpus_for(g.name)} for _ in range(g.num_workers)],
+                strategy="PACK",
+                name=f"{self.run_name}:cpu:{g.name}",
+            )
+            self._all_pgs.append(pg)
+            self.cpu_pgs[g.name] = pg
+
+    def _await(self, nodes: list[NodeInfo]) -> None:
+        if not self._all_pgs:
+            return
+        ready_refs = {pg.ready(): pg for pg in self._all_pgs}
+        ready, missing = ray.wait(
+            list(ready_refs), num_returns=len(ready_refs), timeout=self.placement_timeout
+        )
+        if missing:
+            names = []
+            for ref in missing:
+                pg = ready_refs[ref]
+                names.append(f"{pg.bundle_specs} ({placement_group_table(pg).get('name', '')})")
+            raise self._cannot(
+                "placement groups " + "; ".join(names),
+                f"Ray could not place them within placement_timeout="
+                f"{self.placement_timeout:g}s (resources busy or held by other jobs)",
+                nodes,
+                *{r.resource for rs in self.reservations.values() for r in rs},
+            )
+        ray.get(ready)
+        by_id = {n.node_id: n for n in nodes}
+        for name, pg in self.cpu_pgs.items():
+            table = placement_group_table(pg)
+            placed = table.get("bundles_to_node_id", {})
+            self.cpu_bundle_nodes[name] = [
+                by_id.get(placed.get(i, ""), NodeInfo(placed.get(i, "?"), "?", {}))
+                for i in range(len(pg.bundle_specs))
+            ]
+        self._discover_devices()
+
+    def _discover_devices(self) -> None:
+        """Ask each accelerator placement group which physical devices Ray gave it."""
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        probes = []
+        for reservations in self.reservations.values():
+            for res in reservations:
+                npn = self.npn[res.device_type]
+                strategy = PlacementGroupSchedulingStrategy(res.pg, placement_group_bundle_index=0)
+                probe = _probe_devices.options(
+                    num_cpus=0, resources={res.resource: float(npn)}, scheduling_strategy=strategy
+                )
+                probes.append((res, probe.remote(res.resource, npn)))
+        refs = [ref for _, ref in probes]
+        ready, missing = ray.wait(refs, num_returns=len(refs), timeout=self.placement_timeout)
+        if missing:
+            raise ClusterResourceError(
+                f"could not discover the devices of {len(missing)} accelerator placement "
+                f"group(s) within {self.placement_timeout:g}s"
+            )
+        for res, ref in probes:
+            node_id, devices = ray.get(ref)
+            if node_id != res.node.node_id:
+                raise ClusterResourceError(
+                    f"placement group for {res.device_type} node {res.node_index} landed on node "
+                    f"{node_id[:8]} instead of {res.node.label}"
+                )
+            res.devices = devices
+
+    # ------------------------------------------------------------------ slots
+    def slots(self, group: DeviceGroup, num_workers: int) -> list[WorkerSlot]:
+        """Where each of the `num_workers` workers of `group` goes (ranks by node, then device)."""
+        if group.is_cpu:
+            return self._cpu_slots(group, num_workers)
+        return self._accelerator_slots(group, num_workers)
+
+    def _cpu_slots(self, group: DeviceGroup, num_workers: int) -> list[WorkerSlot]:
+        pg = self.cpu_pgs[group.name]
+        nodes = self.cpu_bundle_nodes[group.name]
+        order = {n.node_id: i for i, n in enumerate(self.nodes)}
+        bundles = sorted(range(len(nodes)), key=lambda b: (order.get(nodes[b].node_id, 1e9), b))
+        bundles = bundles[:num_workers]
+        share = self.cpus_for(group.name) * TOKEN_SHARE
+        return self._finish(
+            group,
+            [(nodes[b], pg, b, (), {}, {"CPU": share}) for b in bundles],
+        )
+
+    def _accelerator_slots(self, group: DeviceGroup, num_workers: int) -> list[WorkerSlot]:
+        dt = group.device_type
+        npn = self.npn[dt]
+        reservations = self.reservations[dt]
+        platform = get_platform(dt)
+        raw = []
+        for w in range(num_workers):
+            ranks = group.worker_ranks(w)
+            res = reservations[ranks[0] // npn]
+            if group.visible_devices is not None:
+                g = group.gpus_per_worker
+                devices = tuple(int(d) for d in group.visible_devices[w * g : (w + 1) * g])
+            else:
+                devices = tuple(res.devices[r % npn] for r in ranks)
+            cpu = float(res.pg.bundle_specs[0].get("CPU", 0.0))
+            request = {res.resource: round(len(ranks) * TOKEN_SHARE, 4)}
+            if cpu:
+                request["CPU"] = round(cpu / npn * len(ranks) * TOKEN_SHARE, 4)
+            raw.append(
+                (res.node, res.pg, 0, devices, platform.visible_devices_environment(devices), request)
+            )
+        return self._finish(group, raw)
+
+    def _finish(self, group: DeviceGroup, raw: list) -> list[WorkerSlot]:
+        per_node: dict[str, int] = {}
+        for node, *_ in raw:
+            per_node[node.node_id] = per_node.get(node.node_id, 0) + 1
+        seen: dict[str, int] = {}
+        slots = []
+        for rank, (node, pg, bundle, devices, env, request) in enumerate(raw):
+            local = seen.get(node.node_id, 0)
+            seen[node.node_id] = local + 1
+            slots.append(
+                WorkerSlot(
+                    rank=rank,
+                    world_size=len(raw),
+                    local_rank=local,
+                    local_world_size=per_node[node.node_id],
+                    node=node,
+                    pg=pg,
+                    bundle_index=bundle,
+                    device_type=group.device_type,
+                    devices=devices,
+                    visible_env=env,
+                    resources=request,
+                )
+            )
+        return slots
+
+    # ------------------------------------------------------------------ release
+    def release(self) -> None:
+        """Remove every placement group this run created (idempotent)."""
+        pgs, self._all_pgs = self._all_pgs, []
+        for pg in pgs:
+            try:
+                remove_placement_group(pg)
+            except Exception:  # already gone with its cluster
+                pass
+        self.reservations.clear()
+        self.cpu_pgs.clear()
+
+
+@ray.remote(num_cpus=0)
+def _probe_devices(resource: str, count: int) -> tuple[str, list[int]]:
+    """Runs inside one accelerator placement group: the node and the device ids Ray assigned."""
+    ctx = ray.get_runtime_context()
+    ids = ctx.get_accelerator_ids().get(resource) or []
+    devices = sorted(int(i) for i in ids if str(i).isdigit())
+    if len(devices) != count:
+        devices = list(range(count))  # a resource Ray does not track by id: use local indices
+    return ctx.get_node_id(), devices
+
+
+def ceil_cpus(value: float) -> int:
+    return int(math.ceil(value - 1e-9))
