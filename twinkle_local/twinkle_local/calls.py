@@ -1,0 +1,114 @@
+"""Pending calls of the local backend, and turning worker outcomes into bytes and back.
+
+Every process runs the calls aimed at its own rank, then the outcomes are exchanged so each
+process holds the same results (or the same failures) as a Ray driver would.
+"""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+from twinkle_core import (
+    CompletedCall,
+    DeviceMesh,
+    RankFailure,
+    TwinkleError,
+    WorkerErrors,
+)
+from twinkle_core.collect import Collector
+
+_UNSET = object()
+
+
+class LocalPendingCall(CompletedCall):
+    """A finished call: the full results, or the value an all-reduce already produced.
+
+    Outcomes are exchanged when the call is submitted, so collecting never waits and never
+    runs a collective (which would have to happen at the same point on every process).
+    """
+
+    def __init__(
+        self,
+        results: list[Any] | None,
+        failures: list[RankFailure] | None = None,
+        *,
+        reduced: Any = _UNSET,
+        reduce_op: str | None = None,
+        mesh: DeviceMesh | None = None,
+        label: str = "",
+        partial: bool = False,
+    ) -> None:
+        super().__init__(results if results is not None else [], failures)
+        #: False when only some results were exchanged (an all-reduce, or only the results
+        #: the collector looks at); `wait()` then cannot return the per-rank list.
+        self.complete = results is not None and not partial
+        self.reduced = reduced
+        self.reduce_op = reduce_op
+        self.mesh = mesh
+        self.label = label
+
+    def wait(self, timeout: float | None) -> list[Any]:
+        if self.failures:
+            raise WorkerErrors(self.failures)
+        if not self.complete:
+            raise TwinkleError(
+                f"{self.label}: the results were summed with an all-reduce for its "
+                f"'{self.reduce_op}' collector, so the per-rank list is not available in mode "
+                "'local'; use a gathering collector (e.g. collect='none') to get every result"
+            )
+        return self.results
+
+    def collect(self, collector: Collector, device_mesh: DeviceMesh, timeout: float | None) -> Any:
+        if self.failures:
+            raise WorkerErrors(self.failures)
+        if (
+            self.reduced is not _UNSET
+            and collector.reduce_op == self.reduce_op
+            and device_mesh == self.mesh
+        ):
+            return self.reduced
+        if self.results and not self.complete and device_mesh == self.mesh:
+            # Only the results the collector looks at (one per data shard) were exchanged.
+            return collector.collect(self.results, device_mesh)
+        return collector.collect(self.wait(timeout), device_mesh)
+
+
+def portable_failure(failure: RankFailure) -> RankFailure:
+    """`failure` with an exception that survives pickling (a RuntimeError stand-in otherwise).
+
+    The stand-in keeps the original type name and message, and the traceback text travels too.
+    """
+    try:
+        pickle.loads(pickle.dumps(failure.exception))
+        return failure
+    except Exception:
+        exc = failure.exception
+        stand_in = RuntimeError(f"{type(exc).__module__}.{type(exc).__qualname__}: {exc}")
+        return RankFailure(failure.rank, stand_in, failure.node, failure.traceback)
+
+
+def encode(ok: bool, value: Any, rank: int, node: str | None, label: str) -> bytes:
+    """Pickle one outcome; an unpicklable result becomes that rank's failure."""
+    if not ok:
+        return pickle.dumps((False, portable_failure(value)))
+    try:
+        return pickle.dumps((True, value))
+    except Exception as exc:
+        error = TypeError(
+            f"the result of {label} on rank {rank} ({type(value).__name__}) cannot be sent to "
+            f"the other torchrun processes: {type(exc).__name__}: {exc}"
+        )
+        return pickle.dumps((False, RankFailure(rank, error, node, "")))
+
+
+def decode(blob: bytes, rank: int, node: str | None, label: str) -> tuple[bool, Any]:
+    """Unpickle one outcome; one that cannot be read here becomes that rank's failure."""
+    try:
+        return pickle.loads(blob)
+    except Exception as exc:
+        error = TypeError(
+            f"the result of {label} on rank {rank} cannot be read in this process: "
+            f"{type(exc).__name__}: {exc}"
+        )
+        return False, RankFailure(rank, error, node, "")

@@ -1,0 +1,198 @@
+"""Numeric results as flat buffers, so `sum`/`mean` collectors can all-reduce them.
+
+A result is reducible when it is a number, a numpy/torch array of integers or floats, or dicts
+and tuples of those (the nesting core's collectors walk). `numeric_spec` describes its shape
+without its values; results of every rank with the same spec are packed into one int64 and one
+float64 buffer, all-reduced, and unpacked into a value of the types the collector would return
+(python int/float, numpy scalar/array of the original dtype, tensor of the original dtype on
+this process's device). Anything else (bools, lists, strings, mixed specs) is gathered instead.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+INT64 = "int64"
+FLOAT64 = "float64"
+_INT_LIMIT = 2**62
+
+
+@dataclass(frozen=True)
+class Leaf:
+    """One number or array: how it travels (`acc`, int64 or float64) and how it comes back."""
+
+    kind: str  # "int", "float", "numpy", "torch"
+    dtype: Any  # numpy dtype string or torch dtype; None for python numbers
+    shape: tuple[int, ...]
+    acc: str
+    device_type: str = "cpu"
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+@dataclass(frozen=True)
+class Node:
+    """A dict (keys in order) or tuple (its type, for namedtuples) of specs."""
+
+    kind: str  # "dict" or "tuple"
+    keys: tuple
+    children: tuple
+    tuple_type: type | None = None
+
+
+Spec = Leaf | Node
+
+
+def _torch():
+    import sys
+
+    return sys.modules.get("torch")
+
+
+def numeric_spec(value: Any) -> Spec | None:
+    """The spec of a reducible result, or None when it must be gathered as an object."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, int):
+        return Leaf("int", None, (), INT64) if abs(value) < _INT_LIMIT else None
+    if isinstance(value, float):
+        return Leaf("float", None, (), FLOAT64)
+    if isinstance(value, (np.ndarray, np.generic)):
+        dtype = np.asarray(value).dtype
+        if dtype.kind in "fi" or (dtype.kind == "u" and dtype.itemsize < 8):
+            acc = FLOAT64 if dtype.kind == "f" else INT64
+            return Leaf("numpy", dtype.str, tuple(np.shape(value)), acc)
+        return None
+    torch = _torch()
+    if torch is not None and isinstance(value, torch.Tensor):
+        dtype = value.dtype
+        if dtype.is_complex or dtype == torch.bool or dtype == torch.uint64:
+            return None
+        acc = FLOAT64 if dtype.is_floating_point else INT64
+        return Leaf("torch", dtype, tuple(value.shape), acc, value.device.type)
+    if isinstance(value, dict):
+        children = tuple(numeric_spec(v) for v in value.values())
+        if any(c is None for c in children) or not value:
+            return None
+        return Node("dict", tuple(value), children)
+    if isinstance(value, tuple):
+        children = tuple(numeric_spec(v) for v in value)
+        if any(c is None for c in children) or not value:
+            return None
+        return Node("tuple", (), children, type(value))
+    return None
+
+
+def same_spec(a: Spec | None, b: Spec | None) -> bool:
+    """Whether two results can be reduced together (devices may differ between processes)."""
+    if a is None or b is None or type(a) is not type(b):
+        return False
+    if isinstance(a, Leaf):
+        return (a.kind, str(a.dtype), a.shape, a.acc) == (b.kind, str(b.dtype), b.shape, b.acc)
+    return (
+        a.kind == b.kind
+        and a.keys == b.keys
+        and a.tuple_type is b.tuple_type
+        and len(a.children) == len(b.children)
+        and all(same_spec(x, y) for x, y in zip(a.children, b.children, strict=True))
+    )
+
+
+def _leaves(value: Any, spec: Spec, out: list[tuple[Leaf, Any]]) -> None:
+    if isinstance(spec, Leaf):
+        out.append((spec, value))
+        return
+    items = list(value.values()) if spec.kind == "dict" else list(value)
+    for item, child in zip(items, spec.children, strict=True):
+        _leaves(item, child, out)
+
+
+def _leaf_specs(spec: Spec, out: list[Leaf]) -> None:
+    if isinstance(spec, Leaf):
+        out.append(spec)
+    else:
+        for child in spec.children:
+            _leaf_specs(child, out)
+
+
+def buffer_sizes(spec: Spec) -> dict[str, int]:
+    """How many int64 and float64 elements a result of `spec` packs into."""
+    leaves: list[Leaf] = []
+    _leaf_specs(spec, leaves)
+    sizes = {INT64: 0, FLOAT64: 0}
+    for leaf in leaves:
+        sizes[leaf.acc] += leaf.numel
+    return sizes
+
+
+def pack(values: list[Any], spec: Spec) -> dict[str, Any]:
+    """The element-wise sum of `values` (all of `spec`) as flat int64/float64 CPU tensors.
+
+    With no values, zero buffers: a process that holds no contributing result still takes
+    part in the all-reduce.
+    """
+    import torch
+
+    sizes = buffer_sizes(spec)
+    buffers = {
+        INT64: torch.zeros(sizes[INT64], dtype=torch.int64),
+        FLOAT64: torch.zeros(sizes[FLOAT64], dtype=torch.float64),
+    }
+    for value in values:
+        leaves: list[tuple[Leaf, Any]] = []
+        _leaves(value, spec, leaves)
+        offsets = {INT64: 0, FLOAT64: 0}
+        for leaf, item in leaves:
+            dtype = torch.int64 if leaf.acc == INT64 else torch.float64
+            if leaf.kind == "torch":
+                flat = item.detach().to("cpu", dtype).reshape(-1)
+            else:
+                flat = torch.as_tensor(np.asarray(item), dtype=dtype).reshape(-1)
+            start = offsets[leaf.acc]
+            buffers[leaf.acc][start : start + leaf.numel] += flat
+            offsets[leaf.acc] = start + leaf.numel
+    return buffers
+
+
+def unpack(buffers: dict[str, Any], spec: Spec, op: str, count: int, device: Any = None) -> Any:
+    """The reduced value from summed `buffers`: the sum, or the sum divided by `count` (mean).
+
+    Types follow what core's collectors return for the same inputs. `device` is where tensor
+    leaves are placed (default: the device type they came from, current index).
+    """
+    offsets = {INT64: 0, FLOAT64: 0}
+
+    def build(node: Spec) -> Any:
+        if isinstance(node, Node):
+            parts = [build(c) for c in node.children]
+            if node.kind == "dict":
+                return dict(zip(node.keys, parts, strict=True))
+            tuple_type = node.tuple_type or tuple
+            if hasattr(tuple_type, "_fields"):
+                return tuple_type(*parts)
+            return tuple_type(parts)
+        start = offsets[node.acc]
+        offsets[node.acc] = start + node.numel
+        flat = buffers[node.acc][start : start + node.numel]
+        value = _leaf_value(node, flat, device)
+        return value / count if op == "mean" else value
+
+    return build(spec)
+
+
+def _leaf_value(leaf: Leaf, flat: Any, device: Any) -> Any:
+    if leaf.kind == "int":
+        return int(flat[0])
+    if leaf.kind == "float":
+        return float(flat[0])
+    if leaf.kind == "numpy":
+        array = flat.numpy().astype(np.dtype(leaf.dtype)).reshape(leaf.shape)
+        return array[()] if leaf.shape == () else array
+    target = device if device is not None else leaf.device_type
+    return flat.reshape(leaf.shape).to(dtype=leaf.dtype).to(target)
