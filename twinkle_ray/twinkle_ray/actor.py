@@ -135,7 +135,7 @@ def flatten_call(args: tuple, kwargs: dict) -> tuple[tuple[str, ...], tuple]:
 
 def _unflatten(values: tuple, kwnames: tuple[str, ...], has_remote: bool) -> tuple[tuple, dict]:
     split = len(values) - len(kwnames)
-    args, kwargs = tuple(values[:split]), dict(zip(kwnames, values[split:]))
+    args, kwargs = tuple(values[:split]), dict(zip(kwnames, values[split:], strict=True))
     if has_remote:
         args, kwargs = materialize((args, kwargs))
     return args, kwargs

@@ -190,6 +190,7 @@ class RayBackend(ExecutionBackend):
                 "LOCAL_WORLD_SIZE": str(slot.local_world_size),
                 "TWINKLE_RUN_NAME": config.name,
                 "TWINKLE_GROUP": group.name,
+                "TWINKLE_WORKER_GROUP": f"{group.name}:{cls.__name__}:{instance}",
             }
             boot = ActorBoot(
                 group=group.name,
@@ -251,7 +252,7 @@ class RayBackend(ExecutionBackend):
         shipper = Shipper([(args, kwargs), (args, kwargs)])  # every worker: one copy
         kwnames, values = flatten_call(*shipper.ship_call(args, kwargs))
         refs = []
-        for slot, handle in zip(slots, workers.handles):
+        for slot, handle in zip(slots, workers.handles, strict=True):
             ctx = WorkerContext(
                 rank=slot.rank,
                 world_size=slot.world_size,

@@ -107,7 +107,11 @@ class ClusterConnection:
             # The cluster's processes inherit this environment, and so every worker: keep only
             # what a node needs and what is meant to travel, never the driver's secrets.
             with scrubbed_environ(keep_env + NODE_ESSENTIALS):
-                ray.init(**kwargs, **{k: v for k, v in options.items() if v is not None})
+                ray.init(
+                    address="local",  # never attach to some other cluster found on the machine
+                    **kwargs,
+                    **{k: v for k, v in options.items() if v is not None},
+                )
         except BaseException:
             self._remove_temp_dir()
             raise

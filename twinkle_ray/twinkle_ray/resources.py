@@ -263,7 +263,7 @@ class ResourceManager:
                 )
                 probes.append((res, probe.remote(res.resource, npn)))
         refs = [ref for _, ref in probes]
-        ready, missing = ray.wait(refs, num_returns=len(refs), timeout=self.placement_timeout)
+        _, missing = ray.wait(refs, num_returns=len(refs), timeout=self.placement_timeout)
         if missing:
             raise ClusterResourceError(
                 f"could not discover the devices of {len(missing)} accelerator placement "
@@ -315,9 +315,8 @@ class ResourceManager:
             request = {res.resource: round(len(ranks) * TOKEN_SHARE, 4)}
             if cpu:
                 request["CPU"] = round(cpu / npn * len(ranks) * TOKEN_SHARE, 4)
-            raw.append(
-                (res.node, res.pg, 0, devices, platform.visible_devices_environment(devices), request)
-            )
+            env = platform.visible_devices_environment(devices)
+            raw.append((res.node, res.pg, 0, devices, env, request))
         return self._finish(group, raw)
 
     def _finish(self, group: DeviceGroup, raw: list) -> list[WorkerSlot]:
@@ -371,4 +370,4 @@ def _probe_devices(resource: str, count: int) -> tuple[str, list[int]]:
 
 
 def ceil_cpus(value: float) -> int:
-    return int(math.ceil(value - 1e-9))
+    return math.ceil(value - 1e-9)

@@ -176,7 +176,7 @@ class RemoteArray:
 
     def fetch(self) -> Any:
         values = ray.get([ref for ref, _, _ in self.parts])
-        pieces = [v[a:b] for v, (_, a, b) in zip(values, self.parts)]
+        pieces = [v[a:b] for v, (_, a, b) in zip(values, self.parts, strict=True)]
         if self.kind == "tensor":
             import torch
 

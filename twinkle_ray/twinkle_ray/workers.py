@@ -143,28 +143,29 @@ class RayPendingCall(PendingCall):
                     remaining, num_returns=len(remaining), timeout=0, fetch_local=False
                 )
                 ready += more
-            failures = []
+            failures, failed = [], []
             for ref in ready:
                 try:
                     values[index[ref]] = ray.get(ref)
                 except Exception as exc:
+                    failed.append(index[ref])
                     failures.append(self.workers.failure(self.ranks[index[ref]], exc))
             if failures:
-                self._mark_handled()
+                self._mark_handled(failed)
                 self._failures = sorted(failures, key=lambda f: f.rank)
                 self.workers.on_failures(self._failures)
                 raise WorkerErrors(self._failures)
         return values
 
-    def _mark_handled(self) -> None:
-        """Fetch the twin refs of finished failures so Ray does not log them as unhandled."""
-        twins = self.meta_refs + self.value_refs
-        ready, _ = ray.wait(twins, num_returns=len(twins), timeout=0, fetch_local=False)
-        for ref in ready:
-            try:
-                ray.get(ref, timeout=0)
-            except Exception:
-                pass
+    def _mark_handled(self, indices: list[int]) -> None:
+        """Fetch the twin refs of failed calls so Ray does not log them as unhandled errors."""
+        for i in indices:
+            for refs in (self.value_refs, self.meta_refs):
+                if i < len(refs):
+                    try:
+                        ray.get(refs[i], timeout=0)
+                    except Exception:
+                        pass
 
     def wait(self, timeout: float | None) -> list[Any]:
         with self._lock:

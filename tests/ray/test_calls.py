@@ -1,0 +1,255 @@
+"""Calls on a real Ray cluster: chaining without the driver, shards shipped once, iteration,
+sync, the worker environment and placement. One run (and its actors) serves the module."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import sys
+
+import numpy as np
+import pytest
+import ray
+import ray.cloudpickle
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import twinkle_core
+from twinkle_core import (
+    DeviceGroup,
+    DeviceMesh,
+    get_device_placement,
+    get_worker_context,
+    initialize,
+    remote_class,
+    remote_function,
+    shutdown,
+)
+from twinkle_core.dispatch import SliceDPDispatcher
+from twinkle_ray.transfer import (
+    RemoteArray,
+    RemoteValue,
+    tensor_from_numpy,
+    tensor_to_numpy,
+)
+from twinkle_ray.workers import Shipper
+
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+@remote_class()
+class Producer:
+    def __init__(self) -> None:
+        self.seen: list = []
+
+    @remote_function(dispatch="slice_dp", collect="concat")
+    def square(self, batch):
+        return np.asarray(batch) ** 2
+
+    @remote_function(dispatch="all", collect="none")
+    def tag(self):
+        return f"p{get_worker_context().rank}"
+
+    @remote_function(dispatch="slice_dp", collect="none")
+    def receive(self, batch):
+        self.seen.append(batch)
+        return [type(batch).__name__, len(batch), float(np.sum(batch))]
+
+    @remote_function(dispatch="all", collect="none", sync=True)
+    def slow_mark(self, seconds):
+        import time
+
+        time.sleep(seconds * get_worker_context().rank)
+        return get_worker_context().rank
+
+    @remote_function(dispatch="all", collect="none")
+    def environment(self, names):
+        return {n: os.environ.get(n) for n in names}
+
+
+@remote_class()
+class Consumer:
+    def __init__(self, scale: float) -> None:
+        self.scale = scale
+
+    @remote_function(dispatch="slice_dp", collect="concat")
+    def shift(self, values):
+        return np.asarray(values) * self.scale + get_worker_context().rank * 1000
+
+    @remote_function(dispatch="slice_dp", collect="none")
+    def describe(self, values):
+        return [type(values).__name__, list(np.asarray(values).tolist())]
+
+    @remote_function(dispatch="all", collect="none")
+    def tags(self, items):
+        return list(items)
+
+    @remote_function(dispatch="all", collect="first")
+    def tensor_info(self, t):
+        return [str(t.dtype), list(t.shape), bool(t.requires_grad), float(t.float().sum())]
+
+
+@remote_class()
+class Batches:
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.i = 0
+
+    def __iter__(self):
+        self.i = 0
+        return self
+
+    def __next__(self):
+        if self.i >= self.n:
+            raise StopIteration
+        self.i += 1
+        return {"step": self.i, "x": np.full(3, self.i)}
+
+
+ENV_NAMES = [
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TWINKLE_TEST_FLAG",
+    "MYAPP_SETTING",
+    "TW_TEST_SECRET",
+]
+
+
+@pytest.fixture(scope="module")
+def run(cluster):
+    os.environ["TW_TEST_SECRET"] = "hunter2"  # must stay on the driver
+    os.environ["TWINKLE_TEST_FLAG"] = "on"  # twinkle's own settings travel
+    os.environ["MYAPP_SETTING"] = "42"  # travels because the user lists MYAPP_*
+    initialize(
+        "ray",
+        address=cluster.address,
+        groups=[
+            DeviceGroup("producer", 2, "cpu"),
+            DeviceGroup("consumer", 2, "cpu"),
+            DeviceGroup("loader", 1, "cpu"),
+        ],
+        env_passthrough=["MYAPP_*"],
+        cpus_per_worker={"loader": 0.5},
+        seed=7,
+        name="calls-test",
+    )
+    try:
+        yield {
+            "producer": Producer(remote_group="producer"),
+            "consumer": Consumer(10.0, remote_group="consumer"),
+            "batches": Batches(3, remote_group="loader"),
+        }
+    finally:
+        shutdown()
+        for var in ("TW_TEST_SECRET", "TWINKLE_TEST_FLAG", "MYAPP_SETTING"):
+            os.environ.pop(var, None)
+
+
+def _workers(obj):
+    return obj.__dict__["_twinkle_binding"].workers
+
+
+def test_chained_argument_reaches_each_consumer_as_its_own_producer_shard(run):
+    producer, consumer = run["producer"], run["consumer"]
+    lazy = producer.square(np.arange(6))
+    # The consumer group turns the LazyCollect into a placeholder over producer refs...
+    placeholder = _workers(consumer).resolve_argument(lazy)
+    assert isinstance(placeholder, RemoteArray) and len(placeholder) == 6
+    shares = SliceDPDispatcher().dispatch(
+        (placeholder,), {}, 2, DeviceMesh.from_sizes(dp_size=2)
+    )
+    pending = lazy.source.pending
+    # ...so that consumer d's share is exactly producer d's result, nothing else.
+    for d, (args, _) in enumerate(shares):
+        assert [ref for ref, _, _ in args[0].parts] == [pending.value_refs[d]]
+    _workers(consumer)._local.placeholders = False
+    # End to end: the same values as collecting on the driver first, each worker its shard.
+    value = consumer.shift(producer.square(np.arange(6)))()
+    assert value.tolist() == [0, 10, 40, 1090, 1160, 1250]
+    seen = consumer.describe(producer.square(np.arange(4)))()
+    assert seen == [["ndarray", [0, 1]], ["ndarray", [4, 9]]]
+
+
+def test_none_collected_results_stay_remote_and_arrive_as_a_list(run):
+    producer, consumer = run["producer"], run["consumer"]
+    placeholder = _workers(consumer).resolve_argument(producer.tag())
+    assert isinstance(placeholder, list) and all(isinstance(p, RemoteValue) for p in placeholder)
+    _workers(consumer)._local.placeholders = False
+    assert consumer.tags(producer.tag())() == [["p0", "p1"], ["p0", "p1"]]
+
+
+def test_a_shard_shared_by_peers_is_put_once_and_both_receive_it():
+    mesh = DeviceMesh.from_sizes(dp_size=2, tp_size=2)
+    batch = {"x": np.arange(8)}
+    per_worker = SliceDPDispatcher().dispatch((batch,), {}, 4, mesh)
+    shipper = Shipper(per_worker)
+    shipped = [shipper.ship_call(a, k) for a, k in per_worker]
+    # tp peers (workers 0,1 and 2,3) share a shard: one object-store entry per shard.
+    assert shipper.puts == 2
+    assert shipped[0][0][0] is shipped[1][0][0] and shipped[2][0][0] is shipped[3][0][0]
+    assert shipped[0][0][0] != shipped[2][0][0]
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    total=st.integers(1, 40),
+    start=st.integers(0, 40),
+    length=st.integers(0, 40),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.int64, torch.float16]),
+)
+def test_tensor_views_travel_with_only_their_own_bytes(total, start, length, dtype):
+    base = torch.arange(total * 3, dtype=torch.float32).reshape(total, 3).to(dtype)
+    view = base[start : start + length]
+    packed = tensor_to_numpy(view)
+    buffers: list = []
+    pickle.dumps(packed, protocol=5, buffer_callback=buffers.append)
+    # Out-of-band buffers hold the view's bytes only, never the base storage.
+    assert sum(memoryview(b).nbytes for b in buffers) == view.numel() * view.element_size()
+    back = tensor_from_numpy(pickle.loads(pickle.dumps(packed, protocol=5)))
+    assert back.dtype == view.dtype and back.shape == view.shape
+    assert torch.equal(back, view)
+
+
+def test_tensors_round_trip_through_workers(run):
+    consumer = run["consumer"]
+    t = torch.linspace(0, 1, 12, dtype=torch.bfloat16).reshape(3, 4)[1:]
+    t.requires_grad_(True)
+    info = consumer.tensor_info(t)()
+    expected = float(t.detach().float().sum())
+    assert info == ["torch.bfloat16", [2, 4], True, pytest.approx(expected, 1e-2)]
+
+
+def test_iteration_restarts_and_ends(run):
+    batches = run["batches"]
+    first = [b["step"] for b in batches]
+    second = [int(b["x"][0]) for b in batches]
+    assert first == [1, 2, 3] and second == [1, 2, 3]
+
+
+def test_sync_waits_for_every_worker(run):
+    result = run["producer"].slow_mark(0.5)
+    assert result.done() and result() == [0, 1]
+
+
+def test_worker_environment_and_secrets(run):
+    envs = run["producer"].environment(ENV_NAMES)()
+    for rank, env in enumerate(envs):
+        assert env["RANK"] == str(rank) and env["WORLD_SIZE"] == "2"
+        assert env["LOCAL_RANK"] is not None and int(env["LOCAL_WORLD_SIZE"]) >= 1
+        assert env["MASTER_ADDR"] and int(env["MASTER_PORT"]) > 0
+        assert env["TWINKLE_TEST_FLAG"] == "on" and env["MYAPP_SETTING"] == "42"
+        assert env["TW_TEST_SECRET"] is None
+    assert envs[0]["MASTER_PORT"] == envs[1]["MASTER_PORT"]
+
+
+def test_device_placement_shows_nodes_and_ranks(run):
+    text = get_device_placement()
+    assert "mode ray" in text and "(connected)" in text and "nodes 2" in text
+    for p in _workers(run["producer"]).placements:
+        assert p.node and p.node in text
+    assert "class Batches" in text and twinkle_core.is_initialized()
