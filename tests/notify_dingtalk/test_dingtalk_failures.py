@@ -147,3 +147,27 @@ def test_no_sender_thread_left_after_close(robot, secret):
     assert thread.is_alive()
     notifier.close(timeout=5)
     assert not thread.is_alive() and thread not in threading.enumerate()
+
+
+def test_send_waits_for_delivery_only_on_cores_alert_thread(robot, secret):
+    # twinkle-core flushes its alert queue before torchrun ranks may exit; that flush must
+    # cover the delivery, so send() called from core's alert thread waits (bounded) for it.
+    robot.delay = 0.5
+    notifier = DingTalkNotifier(robot.webhook, secret, timeout=3)
+    started = time.monotonic()
+    notifier.send("from user code", "x")
+    assert time.monotonic() - started < 0.1 and robot.requests == []
+    notifier.flush(5)
+    done: list[float] = []
+
+    def core_thread():
+        t0 = time.monotonic()
+        notifier.send("from core", "x")
+        done.append(time.monotonic() - t0)
+
+    thread = threading.Thread(target=core_thread, name="twinkle-alerts")
+    thread.start()
+    thread.join(10)
+    assert 0.5 <= done[0] < 3.5
+    assert [r.title for r in robot.delivered] == ["from user code", "from core"]
+    notifier.close(timeout=5)

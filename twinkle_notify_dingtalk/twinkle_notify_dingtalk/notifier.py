@@ -66,11 +66,16 @@ _MOBILE_RE = re.compile(r"^\+?[0-9][0-9-]{2,30}$")
 _STOP = object()
 
 
+#: The name of twinkle-core's alert thread (twinkle_core.notify.AlertQueue).
+CORE_ALERT_THREAD = "twinkle-alerts"
+
+
 @dataclasses.dataclass
 class _Alert:
     title: str
     text: str
     created: float  # time.time(), for the summary
+    handled: threading.Event = dataclasses.field(default_factory=threading.Event)
 
 
 @dataclasses.dataclass
@@ -119,6 +124,8 @@ class _Sender:
                 log.warning("twinkle: DingTalk sender error: %s", owner._redact(exc))
             finally:
                 if item is not None:
+                    if isinstance(item, _Alert):
+                        item.handled.set()
                     self.queue.task_done()
 
     def handle(self, alert: _Alert) -> None:
@@ -279,7 +286,12 @@ class DingTalkNotifier(Notifier):
         return notifier
 
     def send(self, title: str, text: str) -> None:
-        """Queue one alert for the sender thread; returns at once and never raises."""
+        """Queue one alert for the sender thread; returns at once and never raises.
+
+        Called from twinkle-core's own alert thread, it waits (at most `timeout` seconds) until
+        the alert is handled, so that core's flush of its alert queue covers the delivery: under
+        torchrun the other ranks wait for that flush before they exit.
+        """
         try:
             alert = _Alert(sanitize(title), sanitize(text), time.time())
             sender = self._current_sender()
@@ -290,6 +302,8 @@ class DingTalkNotifier(Notifier):
             sender.queue.put_nowait(alert)
             if sender.queue.qsize() < QUEUE_SIZE // 2:
                 self._dropping = False
+            if threading.current_thread().name == CORE_ALERT_THREAD:
+                alert.handled.wait(self.timeout + 0.5)
         except queue.Full:
             self.stats.dropped += 1
             if not self._dropping:  # one warning per burst, not one per alert

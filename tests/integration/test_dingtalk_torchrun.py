@@ -1,0 +1,112 @@
+"""DingTalk alerts from a real torchrun job: 2 ranks both failing -> exactly one message.
+
+The robot is the fake DingTalk server from tests/notify_dingtalk, started as its own process;
+every rank runs the driver script and builds the notifier from TWINKLE_DINGTALK_*.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("twinkle_local", reason="twinkle-local (torchrun backend) is not installed")
+pytest.importorskip("torch", reason="torch is not installed")
+pytest.importorskip("twinkle_notify_dingtalk", reason="twinkle-notify-dingtalk is not installed")
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "notify_dingtalk"))
+from fake_dingtalk import SECRET, TOKEN, read_log, start_process
+
+DRIVER = textwrap.dedent(
+    """
+    import json, os, sys
+    from twinkle_core import DeviceGroup, get_worker_context, initialize, remote_class
+    from twinkle_core import remote_function
+
+    @remote_class()
+    class Trainer:
+        @remote_function(dispatch="all", collect="none")
+        def leaked(self):
+            return sorted(k for k in os.environ if k.startswith("TWINKLE_DINGTALK_"))
+
+        @remote_function(dispatch="all", collect="mean")
+        def step(self, n):
+            raise FloatingPointError(f"loss is NaN at step {n}")
+
+    initialize("local", name="torchrun-nightly", groups=[DeviceGroup("trainer", 2, "cpu")],
+               notifier="dingtalk", timeout=60)
+    trainer = Trainer(remote_group="trainer")
+    print("LEAKED " + json.dumps(trainer.leaked()()), flush=True)
+    trainer.step(41)()  # CALL-SITE: both ranks fail, nobody catches: the job dies here
+    """
+)
+
+
+@pytest.mark.parametrize("delay", [0.0, 2.0], ids=["fast-robot", "slow-robot"])
+def test_two_failing_ranks_send_exactly_one_message(tmp_path, delay):
+    # With a slow robot the alert takes longer than torchrun takes to kill the other rank once
+    # one exits: the elected rank must still deliver before the job ends.
+    driver = tmp_path / "driver.py"
+    driver.write_text(DRIVER)
+    call_line = (
+        DRIVER.splitlines().index(next(ln for ln in DRIVER.splitlines() if "CALL-SITE" in ln)) + 1
+    )
+    server, port = start_process(
+        str(tmp_path / "port"), str(tmp_path / "robot.jsonl"), "--delay", str(delay)
+    )
+    try:
+        env = dict(
+            os.environ,
+            TWINKLE_DINGTALK_WEBHOOK=f"http://127.0.0.1:{port}/robot/send?access_token={TOKEN}",
+            TWINKLE_DINGTALK_SECRET=SECRET,
+            no_proxy="127.0.0.1,localhost",
+        )
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            str(driver),
+        ]
+        proc = subprocess.Popen(
+            cmd,
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        try:
+            out, _ = proc.communicate(timeout=180)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, _ = proc.communicate()
+            pytest.fail(f"torchrun job did not finish:\n{out[-4000:]}")
+    finally:
+        server.terminate()
+        server.wait(10)
+    assert proc.returncode != 0, out[-3000:]  # the uncaught failure ends the job
+    assert out.count("LEAKED [[], []]") == 2, out[-3000:]  # from_env() took the secrets out
+    requests = read_log(str(tmp_path / "robot.jsonl"))
+    assert len(requests) == 1, (requests, out[-3000:])
+    (msg,) = requests
+    assert msg["errcode"] == 0, msg  # signature and timestamp accepted
+    md = msg["body"]["markdown"]
+    assert md["title"] == "twinkle run torchrun-nightly: Trainer.step failed"
+    text = md["text"]
+    assert "(mode local)" in text
+    assert f"{driver}:{call_line}" in text
+    assert "trainer / 0, 1" in text  # both ranks, one message
+    assert "FloatingPointError: loss is NaN at step 41" in text
+    assert 'raise FloatingPointError(f"loss is NaN at step {n}")' in text  # traceback end
+    # The secret and token appear nowhere in the job's output.
+    assert SECRET not in out and TOKEN not in out
+    assert json.dumps(msg).count(SECRET) == 0
