@@ -1,0 +1,186 @@
+"""Failures on a real Ray cluster: call sites, grouping, fail-fast, deadlines, dead workers,
+and failures nobody collected. One run serves the module."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import pytest
+import ray
+import ray.cloudpickle
+
+from twinkle_core import (
+    CallTimeoutError,
+    DeviceGroup,
+    WorkerDiedError,
+    get_worker_context,
+    initialize,
+    remote_class,
+    remote_function,
+    shutdown,
+)
+
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+HERE = os.path.basename(__file__)
+
+
+class CustomError(Exception):
+    pass
+
+
+@remote_class()
+class Flaky:
+    def __init__(self) -> None:
+        pass
+
+    @remote_function(dispatch="all", collect="none")
+    def fail_on(self, ranks, message):
+        if get_worker_context().rank in ranks:
+            raise CustomError(f"{message} from rank {get_worker_context().rank}")
+        return get_worker_context().rank
+
+    @remote_function(dispatch="all", collect="none")
+    def different_errors(self):
+        if get_worker_context().rank == 0:
+            raise KeyError("zero")
+        raise ValueError("one")
+
+    @remote_function(dispatch="all", collect="none")
+    def fail_fast(self, sleep):
+        if get_worker_context().rank == 0:
+            raise RuntimeError("rank 0 gives up at once")
+        time.sleep(sleep)
+        return "late"
+
+    @remote_function(dispatch="all", collect="none")
+    def nap(self, seconds):
+        time.sleep(seconds)
+        return get_worker_context().rank
+
+    @remote_function(dispatch="all", collect="none")
+    def crash(self, sleep):
+        if get_worker_context().rank == 1:
+            os._exit(1)  # a segfault or OOM kill looks like this to Ray
+        time.sleep(sleep)
+        return "survived"
+
+    @remote_function(dispatch="all", collect="none")
+    def pid(self):
+        return os.getpid()
+
+
+@pytest.fixture(scope="module")
+def alerts():
+    return []
+
+
+@pytest.fixture(scope="module")
+def run(cluster, alerts):
+    initialize(
+        "ray",
+        address=cluster.address,
+        groups=[DeviceGroup("flaky", 2, "cpu"), DeviceGroup("doomed", 2, "cpu")],
+        notifier=alerts.append,
+        name="errors-test",
+    )
+    try:
+        yield {"flaky": Flaky(remote_group="flaky")}
+    finally:
+        shutdown()
+
+
+def test_user_exception_keeps_its_type_and_names_call_site_rank_and_node(run):
+    flaky = run["flaky"]
+    with pytest.raises(CustomError) as info:
+        flaky.fail_on([1], "boom")()
+    exc = info.value
+    assert str(exc).startswith("[twinkle driver caller: ") and HERE in str(exc)
+    assert "boom from rank 1" in str(exc)
+    notes = "\n".join(exc.__notes__)
+    node = flaky.__dict__["_twinkle_binding"].workers.placements[1].node
+    assert "group 'flaky' on rank 1" in notes and node in notes
+
+
+def test_several_ranks_failing_are_grouped_by_distinct_error(run):
+    lazy = run["flaky"].different_errors()
+    deadline = time.monotonic() + 10
+    while not lazy.done() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)  # both ranks have failed: the error groups every failure known
+    with pytest.raises(KeyError) as info:
+        lazy()
+    notes = "\n".join(info.value.__notes__)
+    assert "KeyError: 'zero'" in notes and "ValueError: one" in notes
+    assert "rank 0" in notes and "rank 1" in notes
+
+
+def test_waiting_fails_fast_when_one_rank_fails(run):
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match="gives up at once"):
+        run["flaky"].fail_fast(6)()
+    assert time.monotonic() - start < 4.0  # not after rank 1's 6 s
+
+
+def test_deadline_applies_to_the_whole_call_and_is_not_final(run):
+    lazy = run["flaky"].nap(1.5)
+    start = time.monotonic()
+    with pytest.raises(CallTimeoutError, match="did not finish within"):
+        lazy(timeout=0.3)
+    assert time.monotonic() - start < 1.4
+    assert lazy(timeout=30) == [0, 1]
+
+
+def test_dead_worker_raises_worker_died_fast_and_tears_down_its_group(run):
+    doomed = Flaky(remote_group="doomed")
+    pids = doomed.pid()()
+    start = time.monotonic()
+    with pytest.raises(WorkerDiedError) as info:
+        doomed.crash(30)()
+    assert time.monotonic() - start < 10.0  # not after rank 0's 30 s
+    message = str(info.value)
+    node = doomed.__dict__["_twinkle_binding"].workers.placements[1].node
+    assert "rank 1 of group 'doomed'" in message and node in message
+    assert "tore down the whole group" in message
+    # The surviving rank was killed too, and the group refuses new calls at once.
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and _alive(pids[0]):
+        time.sleep(0.1)
+    assert not _alive(pids[0])
+    with pytest.raises(WorkerDiedError, match="was torn down"):
+        doomed.pid()()
+
+
+def test_killed_actor_is_reported_as_dead(run):
+    victim = Flaky(remote_group="doomed")
+    handle = victim.__dict__["_twinkle_binding"].workers.handles[0]
+    lazy = victim.nap(20)
+    ray.kill(handle, no_restart=True)
+    start = time.monotonic()
+    with pytest.raises(WorkerDiedError, match="rank 0 of group 'doomed'"):
+        lazy()
+    assert time.monotonic() - start < 10.0
+
+
+def test_notifier_hears_once_per_distinct_failure(run, alerts):
+    for _ in range(2):
+        with pytest.raises(CustomError):
+            run["flaky"].fail_on([0], "same again")()
+    deadline = time.monotonic() + 10
+    mine = []
+    while time.monotonic() < deadline and not mine:
+        mine = [a for a in alerts if "same again" in a]
+        time.sleep(0.05)
+    time.sleep(0.3)
+    mine = [a for a in alerts if "same again" in a]
+    assert len(mine) == 1 and "Flaky.fail_on" in mine[0] and "flaky / 0" in mine[0]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
