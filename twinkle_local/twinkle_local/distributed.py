@@ -14,6 +14,10 @@ from twinkle_core.platform import detect_platform, get_platform
 #: Default timeout of twinkle's process groups: long enough for slow checkpoints, as torch's own.
 DEFAULT_TIMEOUT_S = 1800.0
 
+# How many times this process started a default group; every process of a job starts them in
+# the same order, so the count names the store keys of each generation alike everywhere.
+_generation = 0
+
 
 def as_timeout(value: Any, argument: str = "timeout") -> datetime.timedelta:
     """Accept seconds (int/float > 0) or a timedelta; a clear error otherwise."""
@@ -63,10 +67,20 @@ def init_distributed(
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if platform.device_type != "cpu" and platform.is_available():
         platform.set_device(local_rank)
-    dist.init_process_group(
-        backend=backend or platform.dist_backend,
-        timeout=as_timeout(timeout, "init_distributed(timeout=...)"),
-    )
+    global _generation
+    delta = as_timeout(timeout, "init_distributed(timeout=...)")
+    backend = backend or platform.dist_backend
+    if _generation == 0:
+        dist.init_process_group(backend=backend, timeout=delta)
+    else:
+        # A default group started again in the same job: torch would reuse the store keys of the
+        # destroyed one (and connect to stale addresses); a prefix per generation keeps them apart.
+        store, rank, world_size = next(dist.rendezvous("env://", timeout=delta))
+        store = dist.PrefixStore(f"twinkle/generation{_generation}", store)
+        dist.init_process_group(
+            backend=backend, store=store, rank=rank, world_size=world_size, timeout=delta
+        )
+    _generation += 1
     return True
 
 

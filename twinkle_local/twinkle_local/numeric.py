@@ -59,16 +59,17 @@ def numeric_spec(value: Any) -> Spec | None:
     """The spec of a reducible result, or None when it must be gathered as an object."""
     if isinstance(value, bool) or value is None:
         return None
-    if isinstance(value, int):
-        return Leaf("int", None, (), INT64) if abs(value) < _INT_LIMIT else None
-    if isinstance(value, float):
-        return Leaf("float", None, (), FLOAT64)
+    # numpy first: np.float64 is also a python float, but the collector keeps it numpy.
     if isinstance(value, (np.ndarray, np.generic)):
         dtype = np.asarray(value).dtype
         if dtype.kind in "fi" or (dtype.kind == "u" and dtype.itemsize < 8):
             acc = FLOAT64 if dtype.kind == "f" else INT64
             return Leaf("numpy", dtype.str, tuple(np.shape(value)), acc)
         return None
+    if isinstance(value, int):
+        return Leaf("int", None, (), INT64) if abs(value) < _INT_LIMIT else None
+    if isinstance(value, float):
+        return Leaf("float", None, (), FLOAT64)
     torch = _torch()
     if torch is not None and isinstance(value, torch.Tensor):
         dtype = value.dtype

@@ -106,8 +106,8 @@ class LocalWorkerGroup(WorkerGroup):
         if elsewhere:
             caller = get_worker_context()
             raise ConfigurationError(
-                f"mode 'local': {caller.group_name} rank {caller.rank} (process {me}) called "
-                f"{self.class_name}.{method} on rank(s) {elsewhere} of group "
+                f"mode 'local': group {caller.group_name!r} rank {caller.rank} (process {me}) "
+                f"called {self.class_name}.{method} on rank(s) {elsewhere} of group "
                 f"{self.group.name!r}, which live in other processes; inside a worker only "
                 f"workers of the same process can be called. Use execute='peer' with groups of "
                 "the same size, or make the call from the driver script"

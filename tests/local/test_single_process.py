@@ -1,0 +1,184 @@
+"""Mode 'local' without torchrun: one process, world size 1, no process group.
+
+Also the checks made at `initialize` (before any process could wait on another), and the
+parsing of torchrun's environment.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+import pytest
+import torch.distributed as dist
+from hypothesis import given
+from hypothesis import strategies as st
+
+from twinkle_core import (
+    ConfigurationError,
+    DeviceGroup,
+    DeviceMesh,
+    get_device_placement,
+    get_worker_context,
+    initialize,
+    is_initialized,
+    remote_class,
+    remote_function,
+    shutdown,
+)
+from twinkle_core.runtime import current_runtime
+from twinkle_local.env import TorchrunEnv
+
+from .conftest import JOBS
+
+pytestmark = pytest.mark.usefixtures("single_process")
+
+
+def _load_scenarios():
+    spec = importlib.util.spec_from_file_location(
+        "twinkle_local_test_scenarios", JOBS / "scenarios.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # pickling its namedtuple needs the module importable
+    spec.loader.exec_module(module)
+    return module
+
+
+@remote_class()
+class Counter:
+    def __init__(self, start: int) -> None:
+        self.value = start
+
+    @remote_function(dispatch="all", collect="sum")
+    def add(self, n):
+        self.value += n
+        return self.value
+
+    @remote_function(dispatch="all", collect="first")
+    def where(self):
+        ctx = get_worker_context()
+        return [ctx.rank, ctx.world_size, ctx.local_rank, ctx.group_name, ctx.device_type]
+
+    @remote_function(dispatch="all", collect="mean")
+    def fail(self):
+        raise KeyError("missing column")
+
+
+def test_scenarios_match_inprocess_on_one_worker():
+    scenarios = _load_scenarios()
+    reference = scenarios.run("inprocess", size=1)
+    assert scenarios.run("local", size=1) == reference
+    assert reference["context"] == [[0, 1, 0, 1, "w", "cpu", [0], 0, 1, {"dp": 1}]]
+
+
+@pytest.mark.parametrize("mode", ["local", "torchrun"])
+def test_default_group_is_one_process(mode):
+    config = initialize(mode, seed=5)
+    try:
+        assert not dist.is_initialized()  # a lone process needs no process group
+        assert list(config.groups) == ["default"]
+        group = config.groups["default"]
+        assert (group.num_workers, group.device_type) == (1, "cpu")
+        assert config.global_device_mesh == DeviceMesh.from_sizes(dp_size=1)
+        counter = Counter(10, remote_group="default")
+        assert counter.add(5)() == 15
+        assert counter.add(1)() == 16
+        assert counter.where()() == [0, 1, 0, "default", "cpu"]
+        assert get_worker_context() is None  # the driver is not a worker
+        assert "mode " + mode in get_device_placement()
+        assert current_runtime().backend.describe()["world"] == 1
+    finally:
+        shutdown()
+    assert not is_initialized()
+
+
+def test_failure_names_the_call_site_and_notifies_once():
+    alerts: list[str] = []
+    initialize("local", notifier=alerts.append)
+    try:
+        counter = Counter(0, remote_group="default")
+        for _ in range(2):
+            with pytest.raises(KeyError) as info:
+                counter.fail()()  # the same failure twice
+            assert f"{__file__}:" in str(info.value)
+    finally:
+        shutdown()
+    assert len(alerts) == 1 and "KeyError" in alerts[0]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"groups": [DeviceGroup("big", 2, "cpu")]}, r"'big' has 2 workers .*--nproc_per_node"),
+        ({"global_device_mesh": DeviceMesh.from_sizes(dp_size=4)}, r"needs 4 workers"),
+        ({"nproc_per_node": 2}, r"nproc_per_node=2.*torchrun decides"),
+        ({"groups": [DeviceGroup("gpus", 1, "GPU")]}, r"device_type 'cuda'.*sees no such device"),
+        ({"speed": "fast"}, r"unknown options \['speed'\].*timeout, isolate"),
+        ({"timeout": 0}, r"timeout=\.\.\.\) must be a positive number"),
+        ({"isolate": "yes"}, r"isolate=\.\.\.\) must be True or False"),
+        ({"dist_backend": 3}, r"dist_backend=\.\.\.\) must be"),
+    ],
+)
+def test_bad_setup_fails_at_initialize(kwargs, match):
+    with pytest.raises(ConfigurationError, match=match):
+        initialize("local", **kwargs)
+    assert not is_initialized()
+
+
+def test_partial_torchrun_environment_is_an_error(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ConfigurationError, match="not both WORLD_SIZE and RANK"):
+        initialize("local")
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(ConfigurationError, match="MASTER_ADDR and MASTER_PORT not set"):
+        initialize("local")
+    assert not is_initialized()
+
+
+def _env(world, rank, local_world, local_rank):
+    return {
+        "WORLD_SIZE": str(world),
+        "RANK": str(rank),
+        "LOCAL_WORLD_SIZE": str(local_world),
+        "LOCAL_RANK": str(local_rank),
+        "MASTER_ADDR": "10.0.0.1",
+        "MASTER_PORT": "29500",
+    }
+
+
+@st.composite
+def torchrun_layouts(draw):
+    nodes = draw(st.integers(1, 4))
+    per_node = draw(st.integers(1, 8))
+    rank = draw(st.integers(0, nodes * per_node - 1))
+    return nodes * per_node, rank, per_node, rank % per_node
+
+
+@given(torchrun_layouts())
+def test_torchrun_environment_round_trips(layout):
+    world, rank, local_world, local_rank = layout
+    env = TorchrunEnv.from_environ(_env(world, rank, local_world, local_rank))
+    assert env.launched
+    assert (env.world_size, env.rank, env.local_world_size, env.local_rank) == layout
+    assert (env.master_addr, env.master_port) == ("10.0.0.1", 29500)
+
+
+@pytest.mark.parametrize(
+    ("override", "match"),
+    [
+        ({"RANK": "2"}, r"RANK=2 must be below WORLD_SIZE=2"),
+        ({"WORLD_SIZE": "two"}, r"WORLD_SIZE='two' must be an integer >= 1"),
+        ({"LOCAL_RANK": "-1"}, r"LOCAL_RANK='-1' must be an integer >= 0"),
+        ({"LOCAL_RANK": "2"}, r"LOCAL_RANK=2 must be below LOCAL_WORLD_SIZE=2"),
+        ({"MASTER_PORT": "0"}, r"MASTER_PORT='0' must be an integer >= 1"),
+    ],
+)
+def test_bad_torchrun_environment(override, match):
+    with pytest.raises(ConfigurationError, match=match):
+        TorchrunEnv.from_environ({**_env(2, 1, 2, 1), **override})
+
+
+def test_no_torchrun_environment_is_a_lone_process():
+    env = TorchrunEnv.from_environ({"PATH": "/bin"})
+    assert not env.launched
+    assert (env.world_size, env.rank, env.local_rank, env.local_world_size) == (1, 0, 0, 1)

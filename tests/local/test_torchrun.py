@@ -1,0 +1,147 @@
+"""Real `torchrun --standalone --nproc_per_node=2` jobs on CPU (gloo).
+
+Checks are batched into few jobs (each costs seconds): the main job computes the inprocess
+reference and the local results of the same driver code on every rank; the failure jobs check
+exit codes, call sites, single notifications and how fast the job ends.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+
+import pytest
+
+from .conftest import JOBS, run_job
+
+pytestmark = pytest.mark.slow
+
+
+def assert_close(actual, expected, path="$"):
+    """Equal JSON values, floats to a relative tolerance of 1e-6 (all-reduce order may differ)."""
+    if isinstance(expected, float) or isinstance(actual, float):
+        assert isinstance(actual, (int, float)) and isinstance(expected, (int, float)), path
+        assert math.isclose(actual, expected, rel_tol=1e-6, abs_tol=1e-9), (
+            f"{path}: {actual} != {expected}"
+        )
+        return
+    assert type(actual) is type(expected), f"{path}: {actual!r} vs {expected!r}"
+    if isinstance(expected, dict):
+        assert set(actual) == set(expected), f"{path}: keys {set(actual) ^ set(expected)}"
+        for key in expected:
+            assert_close(actual[key], expected[key], f"{path}.{key}")
+    elif isinstance(expected, list):
+        assert len(actual) == len(expected), f"{path}: {actual} vs {expected}"
+        for i, (a, e) in enumerate(zip(actual, expected, strict=True)):
+            assert_close(a, e, f"{path}[{i}]")
+    else:
+        assert actual == expected, f"{path}: {actual!r} != {expected!r}"
+
+
+@pytest.fixture(scope="module")
+def main_job(tmp_path_factory):
+    job = run_job("main_job.py", tmp_path_factory.mktemp("main"))
+    assert job.returncode == 0, job.output[-6000:]
+    ranks = [json.loads((job.out_dir / f"rank{r}.json").read_text()) for r in (0, 1)]
+    return job, ranks
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_conformance_driver_matches_inprocess(main_job, rank):
+    _, ranks = main_job
+    reference = ranks[0]["reference_conformance"]
+    assert_close(ranks[rank]["local_conformance"], reference)
+    # The reference itself is what a plain `python conformance.py inprocess` prints.
+    assert reference["identity"] == [[0, 2, "trainer", 0, 2], [1, 2, "trainer", 1, 2]]
+    assert reference["peer"] == [[0, 0], [1, 1]]
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_scenarios_match_inprocess(main_job, rank):
+    _, ranks = main_job
+    assert_close(ranks[rank]["local_scenarios"], ranks[0]["reference_scenarios"])
+
+
+def test_scenario_values(main_job):
+    """The values themselves, so a reference and a backend broken the same way still fail."""
+    _, ranks = main_job
+    for result in ranks:
+        local = result["local_scenarios"]
+        assert local["first_none"] == [0]  # execute='first': rank 0 only, every rank receives
+        assert local["first_mean"] == 3.5
+        assert local["lazy_done"] is True
+        assert local["tensor_mean"] == {"dtype": "torch.float32", "tensor": [9.0, 12.5]}
+        assert local["int_tensor_sum"] == {"dtype": "torch.int64", "tensor": [9, 12]}
+        assert local["int_tensor_mean"] == {"dtype": "torch.float32", "tensor": [4.5, 6.5]}
+        assert local["mixed_types"] == {"dtype": "float64", "numpy": 3.5}
+        assert local["lists"] == [10, 20, 30]
+        assert local["lazy_arg"] == {"dtype": "float64", "numpy": [4.25, 6.25]}
+        assert local["solo_2"] == {"count": 5, "t": {"dtype": "torch.int64", "tensor": [5, 10]}}
+        assert local["tp_loss"] == 10.0  # tp peers: rank 0 stands for the one data shard
+        draws = local["draws_1"]
+        assert draws[0] == draws[1]  # same seed in each worker
+        assert local["draws_2"][0][1] != draws[0][1]  # ... and each continues its own stream
+
+
+def test_local_only_behaviour(main_job):
+    _, ranks = main_job
+    checks = [r["checks"] for r in ranks]
+    assert checks[0]["run_name"] == checks[1]["run_name"]  # rank 0's name on every rank
+    for rank, c in enumerate(checks):
+        assert c["dist_backend_default"] == "gloo" and c["dist_backend_control"] == "gloo"
+        assert c["control_is_separate"] is True
+        assert c["user_all_reduce"] == 3.0
+        assert c["torch_mesh_dp"] == [["dp"], [0, 1], rank]
+        assert c["torch_mesh_tp"] == [["tp"], [0, 1]]
+        assert c["placement_has_both_ranks"] is True
+        assert c["holds_worker_one"] is (rank == 0)  # a 1-worker group lives on rank 0 only
+        assert c["nested"][0] == ["ok", "here"]
+        assert c["nested"][1][0] == "ConfigurationError"
+        assert "live in other processes" in c["nested"][1][1]
+        assert "diverged" in c["diverged"] and "Step.a" in c["diverged"]
+        assert c["default_group_destroyed"] is True
+
+
+def _line_of(script: str, marker: str) -> int:
+    lines = (JOBS / script).read_text().splitlines()
+    return next(i for i, line in enumerate(lines, 1) if marker in line)
+
+
+def test_failing_ranks_end_the_job_with_one_alert_each(tmp_path):
+    job = run_job("fail_job.py", tmp_path)
+    script = str(JOBS / "fail_job.py")
+    line_a, line_b = _line_of("fail_job.py", "CALL-A"), _line_of("fail_job.py", "CALL-B")
+    assert job.returncode != 0, job.output[-4000:]
+    assert "NOT REACHED" not in job.output
+    tag_b = f"ValueError: [twinkle driver caller: {script}:{line_b}] bad batch None"
+    assert f"[rank0]: {tag_b}" in job.output and f"[rank1]: {tag_b}" in job.output, job.output
+    reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    tag_a = f"[twinkle driver caller: {script}:{line_a}] bad batch 1"
+    for report in reports:  # rank 1 failed alone; every rank raised the same error
+        assert report["caught"][:2] == ["ValueError", tag_a]
+        assert "on rank 1" in report["caught"][2][0]
+    alerts = [json.loads(line) for line in (tmp_path / "alerts.jsonl").read_text().splitlines()]
+    assert len(alerts) == 2, alerts  # one per distinct failure for the whole job
+    texts = sorted((a["text"] for a in alerts), key=lambda t: f":{line_b}`" in t)
+    assert f"{script}:{line_a}`" in texts[0] and "g / 1" in texts[0]
+    assert f"{script}:{line_b}`" in texts[1] and "g / 0, 1" in texts[1]
+    assert 'raise ValueError(f"bad batch {only}")' in texts[0]  # rank 1's traceback travelled
+    # torchrun notices the exit and stops the job about a second after the raise.
+    assert job.elapsed < 60
+
+
+@pytest.mark.parametrize("mode", ["die", "hang"])
+def test_lost_rank_ends_the_job(tmp_path, mode):
+    """A rank that dies or hangs: the others stop waiting (timeout 3 s) and the job ends."""
+    job = run_job("lost_job.py", tmp_path, mode)
+    assert job.returncode != 0, job.output[-4000:]
+    if mode == "die":
+        assert re.search(r"exitcode\s*:\s*3", job.output), job.output[-4000:]
+    else:
+        # Deterministic: rank 0 gives up after the 3 s timeout, reports, and exits first.
+        assert "WorkerDiedError: [twinkle driver caller:" in job.output
+        assert "died or stopped answering during Fragile.step" in job.output
+        alerts = (tmp_path / "alerts.jsonl").read_text().splitlines()
+        assert len(alerts) == 1 and "WorkerDiedError" in alerts[0]
+    assert job.elapsed < 60, job.elapsed
