@@ -101,6 +101,10 @@ def test_local_only_behaviour(main_job):
         assert "live in other processes" in c["nested"][1][1]
         assert "diverged" in c["diverged"] and "Step.a" in c["diverged"]
         assert c["default_group_destroyed"] is True
+        message, notes = c["construct"]
+        assert message == "no data on this rank"
+        assert "constructing Broken(remote_group='two') failed on rank 1" in notes[0]
+        assert ("Traceback" in notes[0]) is (rank == 0)  # rank 1 has its own traceback
 
 
 def _line_of(script: str, marker: str) -> int:

@@ -39,10 +39,17 @@ from .workers import LocalWorkerGroup
 
 log = logging.getLogger("twinkle")
 
+# How many runs this process started in mode 'local'. Every process of a job starts them in the
+# same order, so (run name, count) names a run's keys in the shared store alike everywhere.
+_runs_started = 0
+
 #: Options of `initialize(mode='local', ...)` and their defaults.
 DEFAULT_OPTIONS: dict[str, Any] = {
-    # Seconds a collective may wait for the other processes (torch.distributed's timeout).
+    # Seconds a twinkle call waits for the other processes before the job is declared broken
+    # (the timeout of twinkle's own gloo group).
     "timeout": DEFAULT_TIMEOUT_S,
+    # Timeout of the default process group, when twinkle creates it (start-up included).
+    "dist_timeout": DEFAULT_TIMEOUT_S,
     # Copy arguments and results as a real transport would (like mode 'inprocess').
     "isolate": True,
     # torch.distributed backend of the default group; None: the platform's (nccl/hccl/gloo).
@@ -81,13 +88,14 @@ class LocalBackend(ExecutionBackend):
         options = self._options(config.backend_options)
         self.isolate = options["isolate"]
         self._notify_wait = options["notify_wait"]
-        timeout = options["timeout"]
         self.env = env = TorchrunEnv.from_environ()
         self.platform = platform = detect_platform()
         self._plan(config, env, platform)
         try:
             if env.launched:
-                self._start_distributed(platform, options["dist_backend"], timeout)
+                self._start_distributed(
+                    platform, options["dist_backend"], options["dist_timeout"], options["timeout"]
+                )
             elif platform.device_type != "cpu":
                 platform.set_device(env.local_rank)
             self._agree(config)
@@ -103,7 +111,8 @@ class LocalBackend(ExecutionBackend):
                 f"accepts: {', '.join(DEFAULT_OPTIONS)}"
             )
         options = {**DEFAULT_OPTIONS, **given}
-        options["timeout"] = as_timeout(options["timeout"], "initialize(mode='local', timeout=...)")
+        for key in ("timeout", "dist_timeout"):
+            options[key] = as_timeout(options[key], f"initialize(mode='local', {key}=...)")
         options["notify_wait"] = as_timeout(
             options["notify_wait"], "initialize(mode='local', notify_wait=...)"
         ).total_seconds()
@@ -165,7 +174,11 @@ class LocalBackend(ExecutionBackend):
                     )
 
     def _start_distributed(
-        self, platform: AcceleratorPlatform, dist_backend: str | None, timeout: datetime.timedelta
+        self,
+        platform: AcceleratorPlatform,
+        dist_backend: str | None,
+        dist_timeout: datetime.timedelta,
+        timeout: datetime.timedelta,
     ) -> None:
         import torch.distributed as dist
 
@@ -181,7 +194,7 @@ class LocalBackend(ExecutionBackend):
                 platform.set_device(env.local_rank)
         else:
             init_distributed(
-                platform, backend=dist_backend, timeout=timeout, local_rank=env.local_rank
+                platform, backend=dist_backend, timeout=dist_timeout, local_rank=env.local_rank
             )
             self._owns_default_group = True
         # twinkle's own exchanges never share a group with the user's collectives.
@@ -207,9 +220,11 @@ class LocalBackend(ExecutionBackend):
                     f"{self.env.rank} ({theirs} vs {fingerprint}); every process of the job must "
                     "run the same script with the same seed, groups and mesh"
                 )
+        global _runs_started
+        _runs_started += 1
         self.nodes = [h[0] for h in hello]
         config.name = hello[0][1]
-        self.channel.namespace = f"twinkle/{config.name}"
+        self.channel.namespace = f"twinkle/{config.name}/{_runs_started}"
 
     # ----------------------------------------------------------------- workers
     def node_of(self, rank: int) -> str | None:

@@ -57,6 +57,13 @@ class Caller:
 
 
 @remote_class()
+class Broken:
+    def __init__(self) -> None:
+        if RANK == 1:
+            raise ZeroDivisionError("no data on this rank")
+
+
+@remote_class()
 class Step:
     def __init__(self) -> None:
         pass
@@ -104,6 +111,12 @@ def local_checks() -> dict:
         placement = get_device_placement()
         out["placement_has_both_ranks"] = "rank 0" in placement and "rank 1" in placement
         out["holds_worker_one"] = one._twinkle_binding.workers.holds_worker
+
+        try:
+            Broken(remote_group="two")
+            out["construct"] = None
+        except ZeroDivisionError as exc:  # every rank raises rank 1's error
+            out["construct"] = [str(exc), list(getattr(exc, "__notes__", []))]
 
         step = Step(remote_group="two")
         try:
