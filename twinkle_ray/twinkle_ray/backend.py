@@ -34,7 +34,7 @@ from .actor import ActorBoot, TwinkleActor, flatten_call
 from .cluster import ClusterConnection
 from .envvars import passthrough_patterns, select
 from .options import RayOptions
-from .resources import ResourceManager, ceil_cpus
+from .resources import ResourceManager, ceil_cpus, ray_request
 from .transfer import register_tensor_serializer, reset_tensor_serializer
 from .workers import RayPendingCall, RayWorkerGroup, Shipper
 
@@ -202,12 +202,9 @@ class RayBackend(ExecutionBackend):
                 env=env,
                 noset_env=noset,
             )
-            request = dict(slot.resources)
             options: dict[str, Any] = {
                 "name": f"{config.name}:{group.name}:{cls.__name__}:{instance}:{slot.rank}",
-                "num_cpus": request.pop("CPU", 0.0),
-                "num_gpus": request.pop("GPU", 0.0),
-                "resources": request or None,
+                **ray_request(slot.resources),
                 "max_restarts": 0,
                 "max_task_retries": 0,
                 "scheduling_strategy": PlacementGroupSchedulingStrategy(

@@ -259,7 +259,7 @@ class ResourceManager:
                 npn = self.npn[res.device_type]
                 strategy = PlacementGroupSchedulingStrategy(res.pg, placement_group_bundle_index=0)
                 probe = _probe_devices.options(
-                    num_cpus=0, resources={res.resource: float(npn)}, scheduling_strategy=strategy
+                    **ray_request({res.resource: float(npn)}), scheduling_strategy=strategy
                 )
                 probes.append((res, probe.remote(res.resource, npn)))
         refs = [ref for _, ref in probes]
@@ -367,6 +367,16 @@ def _probe_devices(resource: str, count: int) -> tuple[str, list[int]]:
     if len(devices) != count:
         devices = list(range(count))  # a resource Ray does not track by id: use local indices
     return ctx.get_node_id(), devices
+
+
+def ray_request(amounts: dict[str, float]) -> dict[str, Any]:
+    """Ray's task/actor options for `amounts` (CPU and GPU have keywords of their own)."""
+    rest = {k: v for k, v in amounts.items() if k not in ("CPU", "GPU")}
+    return {
+        "num_cpus": amounts.get("CPU", 0.0),
+        "num_gpus": amounts.get("GPU", 0.0),
+        "resources": rest or None,
+    }
 
 
 def ceil_cpus(value: float) -> int:

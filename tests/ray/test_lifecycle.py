@@ -1,0 +1,136 @@
+"""Runs coming and going on one cluster: requests that cannot fit fail fast and clearly,
+nothing outlives a run, and failures nobody collected are reported by shutdown."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+
+import pytest
+import ray
+import ray.cloudpickle
+from ray.util.placement_group import placement_group, remove_placement_group
+
+import twinkle_core
+from twinkle_core import DeviceGroup, initialize, remote_class, remote_function, shutdown
+from twinkle_ray.resources import ClusterResourceError
+
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+@remote_class()
+class Worker:
+    def __init__(self) -> None:
+        pass
+
+    @remote_function(dispatch="all", collect="none")
+    def fail(self):
+        raise ZeroDivisionError("nobody looked at this")
+
+    @remote_function(dispatch="all", collect="none")
+    def ok(self):
+        return 1
+
+
+def _live_twinkle_state(run_name: str) -> tuple[list, list]:
+    """Placement groups and actors of `run_name` still alive, seen from a driver."""
+    pgs = [
+        p
+        for p in ray.util.placement_group_table().values()
+        if p["name"].startswith(run_name) and p["state"] != "REMOVED"
+    ]
+    actors = [
+        a
+        for a in ray.util.list_named_actors(all_namespaces=True)
+        if a["name"].startswith(run_name)
+    ]
+    return pgs, actors
+
+
+def test_request_larger_than_the_cluster_fails_before_asking(cluster, no_runtime):
+    start = time.monotonic()
+    with pytest.raises(ClusterResourceError) as info:
+        initialize(
+            "ray",
+            address=cluster.address,
+            nproc_per_node=8,
+            groups=[DeviceGroup("model", list(range(16)), "cuda")],
+            name="too-large",
+        )
+    assert time.monotonic() - start < 15
+    message = str(info.value)
+    assert "nproc_per_node=8" in message and "ranks up to 15" in message
+    assert message.count("GPU=4") == 2 and message.count("CPU=6") == 2  # every node's resources
+    assert not twinkle_core.is_initialized() and not ray.is_initialized()
+
+
+def test_cpu_request_larger_than_the_cluster_fails_with_what_was_asked(cluster, no_runtime):
+    with pytest.raises(ClusterResourceError, match=r"'big': 13 x 1 CPU"):
+        initialize("ray", address=cluster.address, groups=[DeviceGroup("big", 13, "cpu")])
+    assert not ray.is_initialized()
+
+
+def test_busy_cluster_fails_within_placement_timeout(cluster, no_runtime):
+    ray.init(address=cluster.address)
+    try:
+        # Another job holds 5 of the 6 CPUs of each node: totals fit, placement cannot.
+        hog = placement_group([{"CPU": 5}, {"CPU": 5}], strategy="STRICT_SPREAD")
+        ray.get(hog.ready(), timeout=30)
+        start = time.monotonic()
+        with pytest.raises(ClusterResourceError, match=r"placement_timeout=1\.5s"):
+            initialize(
+                "ray",
+                groups=[DeviceGroup("wide", 1, "cpu")],
+                cpus_per_worker=3,
+                placement_timeout=1.5,
+                name="busy-run",
+            )
+        assert time.monotonic() - start < 10
+        pgs, _ = _live_twinkle_state("busy-run")
+        assert pgs == []  # the pending placement group was removed, not left waiting
+        remove_placement_group(hog)
+    finally:
+        ray.shutdown()
+
+
+def test_repeated_runs_leave_no_actor_or_placement_group(cluster, no_runtime):
+    # The caller's own connection: twinkle uses it, cleans up its own things while the job
+    # lives on (so Ray's job-exit cleanup cannot hide a leak), and never disconnects it.
+    ray.init(address=cluster.address)
+    try:
+        for i in range(2):
+            initialize("ray", groups=[DeviceGroup("g", 2, "cpu")], name=f"repeat-{i}")
+            assert Worker(remote_group="g").ok()() == [1, 1]
+            pgs, actors = _live_twinkle_state(f"repeat-{i}")
+            assert len(pgs) == 1 and len(actors) == 2
+            shutdown()
+            shutdown()  # safe twice
+            assert ray.is_initialized()
+            deadline = time.monotonic() + 15
+            while True:
+                pgs, actors = _live_twinkle_state(f"repeat-{i}")
+                if (not pgs and not actors) or time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
+            assert pgs == [] and actors == []
+    finally:
+        ray.shutdown()
+
+
+def test_unobserved_failure_is_reported_no_later_than_shutdown(cluster, caplog, no_runtime):
+    sent: list[str] = []
+    initialize(
+        "ray",
+        address=cluster.address,
+        groups=[DeviceGroup("solo", 1, "cpu")],
+        notifier=sent.append,
+        name="unobserved",
+    )
+    worker = Worker(remote_group="solo")
+    worker.fail()  # never resolved by the caller
+    time.sleep(1.0)
+    with caplog.at_level(logging.ERROR, logger="twinkle"):
+        shutdown()
+    assert any("never collected" in r.getMessage() for r in caplog.records)
+    assert len(sent) == 1 and "nobody looked at this" in sent[0]
