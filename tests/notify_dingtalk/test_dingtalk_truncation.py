@@ -101,3 +101,10 @@ def test_huge_failure_is_delivered_cut(robot, secret):
     assert text.rstrip().endswith("END-OF-MESSAGE\n```")  # the traceback's very end
     assert "in step_final" in text  # the innermost frame is kept
     assert "bytes cut]" in text and "…[cut]" in text  # lines removed, long lines cut
+
+
+def test_terminal_colours_are_removed():
+    from twinkle_notify_dingtalk.truncate import sanitize
+
+    raw = "\x1b[36mray::Actor.call()\x1b[39m (pid=1)\n\x1b]8;;http://x\x07link\x1b]8;;\x07 \udcff"
+    assert sanitize(raw) == "ray::Actor.call() (pid=1)\nlink ?"

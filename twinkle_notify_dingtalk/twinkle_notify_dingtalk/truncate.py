@@ -11,6 +11,7 @@ balanced so the traceback still renders as a code block.
 from __future__ import annotations
 
 import json
+import re
 
 #: Share of the byte budget given to the head of the text; the rest keeps the end.
 HEAD_SHARE = 0.35
@@ -50,9 +51,16 @@ def _suffix_within(text: str, budget: int) -> str:
     return text
 
 
+# Terminal colour and cursor sequences (Ray colours its task tracebacks): a chat shows them raw.
+_ANSI_RE = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")
+
+
 def sanitize(text: object) -> str:
-    """`text` as a string that encodes to UTF-8 (lone surrogates become '?')."""
-    return str(text).encode("utf-8", "replace").decode("utf-8")
+    """`text` as a string without terminal escape sequences that encodes to UTF-8.
+
+    Lone surrogates (undecodable file names) become '?'.
+    """
+    return _ANSI_RE.sub("", str(text)).encode("utf-8", "replace").decode("utf-8")
 
 
 def cut_middle(text: str, budget: int, head_share: float = HEAD_SHARE) -> str:
