@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,6 +53,25 @@ def describe_nodes(nodes: list[NodeInfo], resources: tuple[str, ...] = ()) -> st
         parts = [f"{r}={node.amount(r):g}" for r in dict.fromkeys(shown) if r in node.resources]
         lines.append(f"  node {node.label}: {', '.join(parts) or 'no resources'}")
     return "\n".join(lines) or "  (no live nodes)"
+
+
+@contextlib.contextmanager
+def _loopback_only() -> Iterator[None]:
+    """Make an embedded cluster listen on 127.0.0.1 only.
+
+    Ray resolves `127.0.0.1` to the machine's reachable address unless its single-machine mode
+    (`RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`) is on: set for the processes the start spawns (they
+    read the variable) and for this process's own resolution while it starts them.
+    """
+    from ray._private import ray_constants
+
+    saved = ray_constants.ENABLE_RAY_CLUSTER
+    os.environ[ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved
 
 
 class ClusterConnection:
@@ -106,7 +127,7 @@ class ClusterConnection:
         try:
             # The cluster's processes inherit this environment, and so every worker: keep only
             # what a node needs and what is meant to travel, never the driver's secrets.
-            with scrubbed_environ(keep_env + NODE_ESSENTIALS):
+            with scrubbed_environ(keep_env + NODE_ESSENTIALS), _loopback_only():
                 ray.init(
                     address="local",  # never attach to some other cluster found on the machine
                     **kwargs,
