@@ -30,7 +30,7 @@ from . import transport
 from .ratelimit import RateLimiter, limiter_for
 from .redact import Redactor, redact_url
 from .signing import signed_url
-from .truncate import cut_middle, fit_text, json_cost, sanitize
+from .truncate import fit_text, json_cost, sanitize
 
 log = logging.getLogger("twinkle.dingtalk")
 
@@ -378,7 +378,8 @@ class DingTalkNotifier(Notifier):
     # ------------------------------------------------------------------ internals
     def _current_sender(self) -> _Sender | None:
         with self._lock:
-            if self._sender is None:
+            # A sender whose thread is gone (this is a forked child) is replaced.
+            if self._sender is None or not self._sender.thread.is_alive():
                 sender = _Sender(self)
                 try:
                     sender.thread.start()
@@ -406,7 +407,8 @@ class DingTalkNotifier(Notifier):
         title = title.strip() or "twinkle alert"
         if self.keyword and self.keyword not in title:
             title = f"[{self.keyword}] {title}"
-        title = cut_middle(title, MAX_TITLE_CHARS * 3) if len(title) > MAX_TITLE_CHARS else title
+        if len(title) > MAX_TITLE_CHARS:
+            title = title[: MAX_TITLE_CHARS - 1] + "…"
         prefix = f"{self.keyword}\n\n" if self.keyword and self.keyword not in text else ""
         # DingTalk shows a mention only if "@<mobile>" appears in the markdown text.
         suffix = ""
