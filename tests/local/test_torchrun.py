@@ -9,13 +9,25 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import signal
+import socket
+import subprocess
+import sys
+import time
 
 import pytest
 
 from .conftest import JOBS, run_job
 
 pytestmark = pytest.mark.slow
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def assert_close(actual, expected, path="$"):
@@ -149,3 +161,40 @@ def test_lost_rank_ends_the_job(tmp_path, mode):
         alerts = (tmp_path / "alerts.jsonl").read_text().splitlines()
         assert len(alerts) == 1 and "WorkerDiedError" in alerts[0]
     assert job.elapsed < 60, job.elapsed
+
+
+def test_sigterm_waits_for_queued_alerts(tmp_path):
+    """torchrun SIGTERMs the survivors of a failed job; a queued alert still goes out."""
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TWINKLE_")}
+    env.update(
+        WORLD_SIZE="1",
+        RANK="0",
+        LOCAL_RANK="0",
+        LOCAL_WORLD_SIZE="1",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        PYTHONUNBUFFERED="1",
+    )
+    proc = subprocess.Popen(
+        [sys.executable, str(JOBS / "term_job.py"), str(tmp_path)],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert proc.stdout.readline().strip() == "READY"
+        assert not (tmp_path / "alert.txt").exists()  # the notifier is still busy
+        start = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+        waited = time.monotonic() - start
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == -signal.SIGTERM  # still ends the way SIGTERM ends a process
+    assert "disk full" in (tmp_path / "alert.txt").read_text()
+    assert waited < 10

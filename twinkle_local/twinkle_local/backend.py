@@ -35,6 +35,7 @@ from .calls import portable_failure
 from .channel import ChannelError, ControlChannel
 from .distributed import DEFAULT_TIMEOUT_S, as_timeout, init_distributed
 from .env import TorchrunEnv
+from .signals import AlertFlushOnTerm
 from .workers import LocalWorkerGroup
 
 log = logging.getLogger("twinkle")
@@ -80,6 +81,7 @@ class LocalBackend(ExecutionBackend):
         self._claims: list[tuple[str, bool]] = []
         self._alert_runtime: Any = None
         self._notify_wait = float(DEFAULT_OPTIONS["notify_wait"])
+        self._on_term: AlertFlushOnTerm | None = None
         self._closed = False
 
     # ----------------------------------------------------------------- start
@@ -99,6 +101,9 @@ class LocalBackend(ExecutionBackend):
             elif platform.device_type != "cpu":
                 platform.set_device(env.local_rank)
             self._agree(config)
+            if env.launched:
+                self._on_term = AlertFlushOnTerm(self._flush_alerts, self._notify_wait)
+                self._on_term.install()
         except BaseException:
             self.shutdown()
             raise
@@ -367,6 +372,14 @@ class LocalBackend(ExecutionBackend):
         self._claims.append((key, won))
         return won
 
+    def _flush_alerts(self, timeout: float) -> bool:
+        """Wait (at most `timeout` s) until this process's queued alerts are sent."""
+        from twinkle_core.runtime import current_runtime_or_none
+
+        runtime = self._alert_runtime or current_runtime_or_none()
+        alerts = getattr(runtime, "alerts", None)
+        return True if alerts is None else alerts.flush(timeout)
+
     def _settle_notifications(self) -> None:
         """Keep every process alive until the elected ones have sent their alerts.
 
@@ -377,9 +390,8 @@ class LocalBackend(ExecutionBackend):
             return
         won = [k for k, w in self._claims if w]
         lost = [k for k, w in self._claims if not w]
-        alerts = getattr(self._alert_runtime, "alerts", None)
         if won:
-            if alerts is not None and not alerts.flush(self._notify_wait):
+            if not self._flush_alerts(self._notify_wait):
                 log.warning("twinkle: alerts still unsent after %.0fs", self._notify_wait)
             for key in won:
                 try:
@@ -398,6 +410,8 @@ class LocalBackend(ExecutionBackend):
         try:
             self._settle_notifications()
         finally:
+            if self._on_term is not None:
+                self._on_term.uninstall()
             self._destroy_groups()
 
     def _destroy_groups(self) -> None:
