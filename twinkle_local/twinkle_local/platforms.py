@@ -36,13 +36,19 @@ def torch_or_none() -> ModuleType | None:
         return None
 
 
+_torch_npu_installed: bool | None = None  # find_spec is a filesystem search: ask once
+
+
 def torch_npu_or_none() -> ModuleType | None:
     """The `torch_npu` module when installed (importing it registers `torch.npu`), else None."""
+    global _torch_npu_installed
     module = sys.modules.get("torch_npu")
     if module is not None:
         return module
     try:
-        if importlib.util.find_spec("torch_npu") is None:
+        if _torch_npu_installed is None:
+            _torch_npu_installed = importlib.util.find_spec("torch_npu") is not None
+        if not _torch_npu_installed:
             return None
         return importlib.import_module("torch_npu")
     except Exception as exc:

@@ -1,7 +1,7 @@
 """A torchrun job where rank 1 dies or hangs inside a method: usage `lost_job.py OUT_DIR MODE`.
 
 MODE `die`: rank 1 exits abruptly (os._exit) in the middle of a call. MODE `hang`: rank 1
-sleeps far longer than the job's twinkle timeout (3 s). Rank 0 must not wait forever: it
+sleeps far longer than the job's twinkle timeout (5 s). Rank 0 must not wait forever: it
 reports a WorkerDiedError (one alert) and the job ends with a non-zero exit.
 """
 
@@ -50,7 +50,7 @@ initialize(
     seed=1,
     groups=[DeviceGroup("g", 2, "cpu")],
     notifier=notify,
-    timeout=3,
+    timeout=5,
     notify_wait=5,
 )
 fragile = Fragile(remote_group="g")
