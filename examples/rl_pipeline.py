@@ -69,9 +69,10 @@ class Policy:
 
     @remote_function(dispatch="slice_dp", collect="mean")
     def train_step(self, batch: dict) -> float:
-        states = torch.as_tensor(np.asarray(batch["states"]), dtype=torch.float32)
-        actions = torch.as_tensor(np.asarray(batch["actions"]))
-        advantages = torch.as_tensor(np.asarray(batch["advantages"]), dtype=torch.float32)
+        # np.array copies: arrays from Ray's object store are read-only views.
+        states = torch.as_tensor(np.array(batch["states"]), dtype=torch.float32)
+        actions = torch.as_tensor(np.array(batch["actions"]))
+        advantages = torch.as_tensor(np.array(batch["advantages"]), dtype=torch.float32)
         logp = torch.log_softmax(self.net(states), dim=-1)
         loss = -(advantages * logp[torch.arange(len(actions)), actions]).mean()
         self.opt.zero_grad()
@@ -94,7 +95,7 @@ class Sampler:
 
     @remote_function(dispatch="all", collect="none")
     def load_weights(self, weights: dict) -> None:
-        self.net.load_state_dict({k: torch.as_tensor(v) for k, v in weights.items()})
+        self.net.load_state_dict({k: torch.as_tensor(np.array(v)) for k, v in weights.items()})
 
     @remote_function(dispatch="slice", collect="flatten")
     def generate(self, prompts: list, step: int) -> list:
@@ -136,8 +137,8 @@ def is_main_process() -> bool:
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--mode", default=os.environ.get("TWINKLE_MODE", "inprocess"))
-    parser.add_argument("--steps", type=int, default=8)
-    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--notifier", default=None, help="e.g. 'dingtalk' (configured from env)")
     parser.add_argument("--out", default=None, help="write the per-step table here as JSON")
@@ -160,7 +161,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     )
     table = []
     try:
-        policy = Policy(0.5, remote_group="policy")
+        policy = Policy(2.0, remote_group="policy")
         sampler = Sampler(remote_group="sampler")
         processor = RewardProcessor(args.seed, remote_group="processor")
         if is_main_process():
