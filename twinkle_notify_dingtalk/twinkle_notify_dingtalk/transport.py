@@ -70,7 +70,13 @@ def post(url: str, body: bytes, timeout: float) -> Outcome:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             raw = response.read(_MAX_RESPONSE_BYTES)
     except urllib.error.HTTPError as exc:
-        code, message = _errmsg(exc.read(_MAX_RESPONSE_BYTES) if exc.fp else b"")
+        try:
+            raw = exc.read(_MAX_RESPONSE_BYTES) if exc.fp else b""
+        except OSError:
+            raw = b""
+        finally:
+            exc.close()  # the error holds the connection open until closed
+        code, message = _errmsg(raw)
         transient = exc.code >= 500 or exc.code == 429
         detail = f"HTTP {exc.code} {exc.reason}" + (f": {message}" if message else "")
         return Outcome(False, transient, code, detail)
