@@ -6,13 +6,17 @@ import os
 import pickle
 import subprocess
 import sys
+import urllib.parse
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import twinkle_core
 from twinkle_core import ConfigurationError, DeviceGroup, remote_class, remote_function
 from twinkle_core.plugins import get_plugin
 from twinkle_notify_dingtalk import DetachedDingTalkNotifier, DingTalkNotifier
+from twinkle_notify_dingtalk.redact import Redactor, redact_url
 
 
 @remote_class()
@@ -112,3 +116,27 @@ def test_keep_env_opt_out(robot, monkeypatch):
     monkeypatch.setenv("TWINKLE_DINGTALK_KEEP_ENV", "1")
     DingTalkNotifier.from_env()
     assert os.environ["TWINKLE_DINGTALK_WEBHOOK"] == robot.webhook
+
+
+secretish = st.text(
+    alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=4, max_size=40
+).filter(lambda s: s.strip() == s and "*" not in s)
+
+
+@settings(max_examples=300, deadline=None)
+@given(token=secretish, secret=secretish, before=st.text(max_size=30), after=st.text(max_size=30))
+def test_redactor_masks_raw_and_url_encoded_values(token, secret, before, after):
+    redact = Redactor([token, secret])
+    quoted = urllib.parse.quote_plus(secret)
+    text = f"{before}{token} {secret} {quoted} access_token={token}&sign=abc{after}"
+    out = redact(text)
+    assert token not in out and secret not in out and quoted not in out
+    assert "sign=abc" not in out
+
+
+@given(token=st.text(alphabet="abcdef0123456789", min_size=8, max_size=64))
+def test_redact_url(token):
+    url = f"https://oapi.dingtalk.com/robot/send?access_token={token}&timestamp=1&sign=xyz%2B"
+    out = redact_url(url)
+    assert token not in out and "xyz" not in out
+    assert out.startswith("https://oapi.dingtalk.com/robot/send?access_token=***")
