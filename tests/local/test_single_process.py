@@ -18,6 +18,7 @@ from twinkle_core import (
     ConfigurationError,
     DeviceGroup,
     DeviceMesh,
+    NotInitializedError,
     get_device_placement,
     get_worker_context,
     initialize,
@@ -90,6 +91,8 @@ def test_default_group_is_one_process(mode):
     finally:
         shutdown()
     assert not is_initialized()
+    with pytest.raises(NotInitializedError, match="was shut down"):
+        counter.add(1)  # the workers are gone with the run
 
 
 def test_failure_names_the_call_site_and_notifies_once():

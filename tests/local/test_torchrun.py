@@ -117,6 +117,8 @@ def test_local_only_behaviour(main_job):
         assert message == "no data on this rank"
         assert "constructing Broken(remote_group='two') failed on rank 1" in notes[0]
         assert ("Traceback" in notes[0]) is (rank == 0)  # rank 1 has its own traceback
+    for result in ranks:  # twinkle used the user's group and did not destroy it
+        assert result["user_group"] == {"mean": 1.0, "owns": False, "kept": True}
 
 
 def _line_of(script: str, marker: str) -> int:
@@ -132,11 +134,19 @@ def test_failing_ranks_end_the_job_with_one_alert_each(tmp_path):
     assert "NOT REACHED" not in job.output
     tag_b = f"ValueError: [twinkle driver caller: {script}:{line_b}] bad batch None"
     assert f"[rank0]: {tag_b}" in job.output and f"[rank1]: {tag_b}" in job.output, job.output
+    # Every rank raises rank 0's error: rank 0 with the worker's own frames, rank 1 with
+    # rank 0's traceback as a note.
+    assert '[rank0]:     raise ValueError(f"bad batch {only}")' in job.output
+    assert "[rank1]: twinkle: traceback on rank 0:" in job.output
     reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     tag_a = f"[twinkle driver caller: {script}:{line_a}] bad batch 1"
-    for report in reports:  # rank 1 failed alone; every rank raised the same error
+    for rank, report in enumerate(reports):  # rank 1 failed alone; every rank raised it
         assert report["caught"][:2] == ["ValueError", tag_a]
-        assert "on rank 1" in report["caught"][2][0]
+        notes = "\n".join(report["caught"][2])
+        assert "twinkle: Boom.explode failed in group 'g' on rank 1" in notes
+        # Rank 0 did not run the failing code: rank 1's traceback comes along as a note.
+        assert ("twinkle: traceback on rank 1:" in notes) is (rank == 0)
+        assert ('raise ValueError(f"bad batch {only}")' in notes) is (rank == 0)
     alerts = [json.loads(line) for line in (tmp_path / "alerts.jsonl").read_text().splitlines()]
     assert len(alerts) == 2, alerts  # one per distinct failure for the whole job
     texts = sorted((a["text"] for a in alerts), key=lambda t: f":{line_b}`" in t)

@@ -403,6 +403,11 @@ class LocalBackend(ExecutionBackend):
         self._claims = []
 
     # ----------------------------------------------------------------- stop
+    @property
+    def closed(self) -> bool:
+        """Whether `shutdown()` ran: workers and process groups of this run are gone."""
+        return self._closed
+
     def shutdown(self) -> None:
         if self._closed:
             return

@@ -105,10 +105,17 @@ def encode(ok: bool, value: Any, rank: int, node: str | None, label: str) -> byt
 def decode(blob: bytes, rank: int, node: str | None, label: str) -> tuple[bool, Any]:
     """Unpickle one outcome; one that cannot be read here becomes that rank's failure."""
     try:
-        return pickle.loads(blob)
+        ok, value = pickle.loads(blob)
     except Exception as exc:
         error = TypeError(
             f"the result of {label} on rank {rank} cannot be read in this process: "
             f"{type(exc).__name__}: {exc}"
         )
         return False, RankFailure(rank, error, node, "")
+    if not ok and value.traceback:
+        # Raised in another process: its frames are not in this exception's traceback.
+        note = f"twinkle: traceback on rank {value.rank}:\n{value.traceback.rstrip()}"
+        notes = getattr(value.exception, "__notes__", None) or []
+        if note not in notes:
+            value.exception.__notes__ = [*notes, note]
+    return ok, value

@@ -18,6 +18,7 @@ from twinkle_core import (
     ConfigurationError,
     DeviceGroup,
     DeviceMesh,
+    NotInitializedError,
     RankFailure,
     WorkerCall,
     WorkerContext,
@@ -95,6 +96,12 @@ class LocalWorkerGroup(WorkerGroup):
                 )
 
     def submit(self, method: str, calls: list[WorkerCall]) -> LocalPendingCall:
+        if self.backend.closed:
+            raise NotInitializedError(
+                f"{self.class_name}.{method}: this object belongs to a mode 'local' run that was "
+                "shut down; its workers and process groups are gone. Create it again after "
+                "initialize()"
+            )
         if get_worker_context() is not None:
             return self._submit_nested(method, calls)
         return self._submit_collective(method, calls)
@@ -138,6 +145,8 @@ class LocalWorkerGroup(WorkerGroup):
     def _submit_collective(self, method: str, calls: list[WorkerCall]) -> LocalPendingCall:
         label = f"{self.class_name}.{method}"
         backend = self.backend
+        if backend.broken is not None:  # an earlier exchange failed: neither run nor wait
+            return self._lost(label, calls, backend.broken)
         me = backend.env.rank
         mine = {
             i: self._run(method, call)
@@ -146,8 +155,6 @@ class LocalWorkerGroup(WorkerGroup):
         }
         collector = self._collector(method)
         op = getattr(collector, "reduce_op", None)
-        if backend.broken is not None:  # an earlier exchange failed: do not wait again
-            return self._lost(label, calls, backend.broken)
         try:
             if op in REDUCE_OPS:
                 return self._exchange_reduce(label, calls, mine, op)
@@ -174,8 +181,9 @@ class LocalWorkerGroup(WorkerGroup):
         }
         for index, blob in self._gather(label, calls, entries):
             ok, value = decode(blob, calls[index].rank, backend.node_of(calls[index].rank), label)
-            if ok and not backend.isolate and index in mine and mine[index][0]:
-                value = mine[index][1]  # this process's own result, without the copy
+            if index in mine and (not mine[index][0] or not backend.isolate):
+                # This process's own failure keeps its traceback; its own result skips the copy.
+                ok, value = mine[index]
             if ok:
                 results[index] = value
             else:
@@ -219,7 +227,9 @@ class LocalWorkerGroup(WorkerGroup):
         gathered = self._gather(label, calls, entries)
         failures = []
         for index, (kind, payload) in gathered:
-            if kind in ("fail", "value"):
+            if kind == "fail" and index in mine:
+                failures.append(mine[index][1])  # this process's own, with its traceback
+            elif kind in ("fail", "value"):
                 ok, value = decode(payload, calls[index].rank, backend.node, label)
                 if not ok:
                     failures.append(value)

@@ -33,7 +33,7 @@ from twinkle_core import (
     shutdown,
 )
 from twinkle_core.runtime import current_runtime
-from twinkle_local import to_torch_device_mesh
+from twinkle_local import init_distributed, to_torch_device_mesh
 
 RANK = int(os.environ["RANK"])
 RESULTS: dict = {}
@@ -134,12 +134,27 @@ def local_checks() -> dict:
     return out
 
 
+def user_group_checks() -> dict:
+    """A default group the user started is used as is, and left alone at shutdown."""
+    assert init_distributed("cpu", timeout=120)
+    initialize("local", seed=3, groups=[DeviceGroup("two", 2, "cpu")], timeout=120)
+    try:
+        step = Step(remote_group="two")
+        out = {"mean": step.b()(), "owns": current_runtime().backend._owns_default_group}
+    finally:
+        shutdown()
+    out["kept"] = dist.is_initialized()
+    dist.destroy_process_group()
+    return out
+
+
 def main() -> None:
     emit("reference_conformance", conformance.run("inprocess"))
     emit("reference_scenarios", scenarios.run("inprocess"))
     emit("local_conformance", conformance.run("local"))
     emit("local_scenarios", scenarios.run("local", timeout=120))
     emit("checks", local_checks())
+    emit("user_group", user_group_checks())
     out = Path(sys.argv[1]) / f"rank{RANK}.json"
     out.write_text(json.dumps(RESULTS, sort_keys=True))
 
