@@ -156,6 +156,8 @@ class RayBackend(ExecutionBackend):
                 pass
         self.resources = None
         if self.connection.connected_here:
+            global _actor_class
+            _actor_class = None  # bound to this connection's cluster
             reset_tensor_serializer()
         self.connection.close()
         for var in self._set_env:
