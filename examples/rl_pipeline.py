@@ -104,7 +104,7 @@ class Sampler:
             for prompt_id, state in prompts:
                 # One generator per prompt: rollouts do not depend on how prompts are split.
                 gen = torch.Generator().manual_seed(step * 100_003 + prompt_id)
-                probs = torch.softmax(self.net(torch.as_tensor(state)), dim=-1)
+                probs = torch.softmax(self.net(torch.as_tensor(np.array(state))), dim=-1)
                 action = int(torch.multinomial(probs, 1, generator=gen))
                 out.append((prompt_id, state, action))
         return out

@@ -35,6 +35,14 @@ class Notifier(ABC):
             f"initialize(notifier=...)"
         )
 
+    def flush(self, timeout: float) -> bool:
+        """Wait up to `timeout` seconds for alerts the notifier buffers itself to be delivered.
+
+        Returns whether everything was delivered. Notifiers that send synchronously in `send`
+        have nothing to flush.
+        """
+        return True
+
     def close(self, timeout: float) -> None:
         """Deliver anything the notifier buffers itself, waiting at most `timeout` seconds."""
 
@@ -121,13 +129,20 @@ class AlertQueue:
                 self._queue.task_done()
 
     def flush(self, timeout: float) -> bool:
-        """Wait up to `timeout` seconds for queued alerts to be sent; True if all were."""
+        """Wait up to `timeout` seconds for queued alerts to be delivered; True if all were.
+
+        Waits for this queue, then for the notifier's own buffer (`Notifier.flush`).
+        """
         deadline = time.monotonic() + timeout
         while self._queue.unfinished_tasks:
             if time.monotonic() >= deadline:
                 return False
             time.sleep(0.01)
-        return True
+        try:
+            return bool(self.notifier.flush(max(0.0, deadline - time.monotonic())))
+        except Exception as exc:
+            log.warning("twinkle: notifier flush failed: %s", exc)
+            return False
 
     def close(self, timeout: float = 10.0) -> None:
         """Flush with a bounded wait, then stop the thread and let the notifier flush."""

@@ -67,9 +67,6 @@ _STOP = object()
 
 
 #: The name of twinkle-core's alert thread (twinkle_core.notify.AlertQueue).
-CORE_ALERT_THREAD = "twinkle-alerts"
-
-
 @dataclasses.dataclass
 class _Alert:
     title: str
@@ -288,9 +285,8 @@ class DingTalkNotifier(Notifier):
     def send(self, title: str, text: str) -> None:
         """Queue one alert for the sender thread; returns at once and never raises.
 
-        Called from twinkle-core's own alert thread, it waits (at most `timeout` seconds) until
-        the alert is handled, so that core's flush of its alert queue covers the delivery: under
-        torchrun the other ranks wait for that flush before they exit.
+        twinkle-core's alert queue calls `flush` after its own queue drains, so a flush of
+        core's queue (at shutdown, or before torchrun ends a process) covers the delivery.
         """
         try:
             alert = _Alert(sanitize(title), sanitize(text), time.time())
@@ -302,8 +298,6 @@ class DingTalkNotifier(Notifier):
             sender.queue.put_nowait(alert)
             if sender.queue.qsize() < QUEUE_SIZE // 2:
                 self._dropping = False
-            if threading.current_thread().name == CORE_ALERT_THREAD:
-                alert.handled.wait(self.timeout + 0.5)
         except queue.Full:
             self.stats.dropped += 1
             if not self._dropping:  # one warning per burst, not one per alert
