@@ -52,6 +52,7 @@ class Job:
     output: str
     elapsed: float
     out_dir: Path
+    ended_at: float  # wall-clock time (time.time()) when the launcher(s) exited
 
 
 def _processes_with(token: str) -> list[int]:
@@ -76,42 +77,67 @@ def _kill_all(pids: list[int]) -> None:
             pass
 
 
-def run_job(script: str, out_dir: Path, *args: str, timeout: float = 120, nproc: int = 2) -> Job:
-    """Run `jobs/<script>` under torchrun; never leaves a process behind."""
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def run_job(script: str, out_dir: Path, *args: str, timeout: float = 120, nodes: int = 0) -> Job:
+    """Run `jobs/<script>` under torchrun; never leaves a process behind.
+
+    By default one `--standalone` launcher with 2 processes. With `nodes=N`, N launchers of one
+    process each join through a c10d rendezvous, as N machines would (one store for the job,
+    hosted by one of the launchers).
+    """
     token = f"twinkle-test-{uuid.uuid4().hex}"
     env = {k: v for k, v in os.environ.items() if k not in TORCHRUN_VARS}
     env.update(TWINKLE_TEST_JOB=token, PYTHONUNBUFFERED="1")
     env.pop("TWINKLE_MODE", None)
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc_per_node={nproc}",
-        str(JOBS / script),
-        str(out_dir),
-        *args,
-    ]
+    torchrun = [sys.executable, "-m", "torch.distributed.run"]
+    script_args = [str(JOBS / script), str(out_dir), *args]
+    if nodes:
+        endpoint = f"127.0.0.1:{_free_port()}"
+        rdzv = [
+            f"--nnodes={nodes}",
+            "--nproc_per_node=1",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={endpoint}",
+            f"--rdzv-id={token}",
+        ]
+        commands = [[*torchrun, *rdzv, *script_args] for _ in range(nodes)]
+    else:
+        commands = [[*torchrun, "--standalone", "--nproc_per_node=2", *script_args]]
     start = time.monotonic()
-    proc = subprocess.Popen(
-        cmd,
-        cwd=out_dir,  # not the repository root, whose source folders would shadow the packages
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
+    procs = [
+        subprocess.Popen(
+            cmd,
+            cwd=out_dir,  # not the repository root, whose source folders would shadow packages
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        for cmd in commands
+    ]
+    outputs = []
     try:
-        output, _ = proc.communicate(timeout=timeout)
+        for proc in procs:
+            left_time = max(1.0, timeout - (time.monotonic() - start))
+            outputs.append(proc.communicate(timeout=left_time)[0])
     except subprocess.TimeoutExpired:
-        _kill_all([proc.pid, *_processes_with(token)])
-        output, _ = proc.communicate()
-        pytest.fail(f"torchrun job {script} did not end within {timeout}s:\n{output[-4000:]}")
+        _kill_all([p.pid for p in procs] + _processes_with(token))
+        text = "\n".join(p.communicate()[0] or "" for p in procs)
+        pytest.fail(f"torchrun job {script} did not end within {timeout}s:\n{text[-4000:]}")
     elapsed = time.monotonic() - start
+    ended_at = time.time()
     deadline = time.monotonic() + 10
     while (left := _processes_with(token)) and time.monotonic() < deadline:
         time.sleep(0.1)
     _kill_all(left)
     assert not left, f"torchrun job {script} left processes behind: {left}"
-    return Job(proc.returncode, output, elapsed, out_dir)
+    code = next((p.returncode for p in procs if p.returncode), 0)
+    return Job(code, "\n".join(outputs), elapsed, out_dir, ended_at)

@@ -126,8 +126,11 @@ def _line_of(script: str, marker: str) -> int:
     return next(i for i, line in enumerate(lines, 1) if marker in line)
 
 
-def test_failing_ranks_end_the_job_with_one_alert_each(tmp_path):
-    job = run_job("fail_job.py", tmp_path)
+@pytest.mark.parametrize("nodes", [0, 2], ids=["one-launcher", "two-launchers"])
+def test_failing_ranks_end_the_job_with_one_alert_each(tmp_path, nodes):
+    """One launcher with 2 processes, and 2 launchers (2 simulated nodes) of one process each:
+    the election through the job's store gives one alert per distinct failure either way."""
+    job = run_job("fail_job.py", tmp_path, nodes=nodes)
     script = str(JOBS / "fail_job.py")
     line_a, line_b = _line_of("fail_job.py", "CALL-A"), _line_of("fail_job.py", "CALL-B")
     assert job.returncode != 0, job.output[-4000:]
@@ -153,8 +156,10 @@ def test_failing_ranks_end_the_job_with_one_alert_each(tmp_path):
     assert f"{script}:{line_a}`" in texts[0] and "g / 1" in texts[0]
     assert f"{script}:{line_b}`" in texts[1] and "g / 0, 1" in texts[1]
     assert 'raise ValueError(f"bad batch {only}")' in texts[0]  # rank 1's traceback travelled
-    # torchrun notices the exit and stops the job about a second after the raise.
-    assert job.elapsed < 60
+    # torchrun notices the exit and stops the job about a second after the raise (more when
+    # the machine is busy).
+    raised_at = max(r["raised_at"] for r in reports)
+    assert 0 < job.ended_at - raised_at < 30
 
 
 @pytest.mark.parametrize("mode", ["die", "hang"])
@@ -170,9 +175,12 @@ def test_lost_rank_ends_the_job(tmp_path, mode):
         assert "died or stopped answering during Fragile.step" in job.output
         alerts = (tmp_path / "alerts.jsonl").read_text().splitlines()
         assert len(alerts) == 1 and "WorkerDiedError" in alerts[0]
-    assert job.elapsed < 60, job.elapsed
+    started = json.loads((tmp_path / "start0.json").read_text())["t"]
+    took = job.ended_at - started
     if mode == "hang":
-        assert job.elapsed > 5  # it did wait for the timeout, not less
+        assert 5 <= took < 30, took  # waited for the 5 s timeout, then ended
+    else:
+        assert took < 30, took
 
 
 def test_sigterm_waits_for_queued_alerts(tmp_path):
