@@ -134,3 +134,59 @@ def test_unobserved_failure_is_reported_no_later_than_shutdown(cluster, caplog, 
         shutdown()
     assert any("never collected" in r.getMessage() for r in caplog.records)
     assert len(sent) == 1 and "nobody looked at this" in sent[0]
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({"adress": "x"}, r"unknown options \['adress'\].*accepts: address"),
+        ({"cpus_per_worker": {"g": 0}}, r"cpus_per_worker=\.\.\.\) must be a positive number"),
+        ({"placement_timeout": -1}, r"placement_timeout=\.\.\.\) must be a positive number"),
+        ({"env_passthrough": "WANDB_*"}, r"env_passthrough=\.\.\.\) must be a list"),
+    ],
+)
+def test_bad_options_name_the_option_and_the_fix(options, match, no_runtime):
+    with pytest.raises(twinkle_core.ConfigurationError, match=match):
+        initialize("ray", groups=[DeviceGroup("g", 1, "cpu")], **options)
+    assert not ray.is_initialized()
+
+
+def test_worker_spanning_two_nodes_is_refused(cluster, no_runtime):
+    with pytest.raises(twinkle_core.ConfigurationError, match=r"span nodes.*gpus_per_worker"):
+        initialize(
+            "ray",
+            address=cluster.address,
+            nproc_per_node=4,
+            groups=[DeviceGroup("wide", [2, 3, 4, 5, 6, 7], "cuda", gpus_per_worker=3)],
+        )
+    assert not ray.is_initialized()
+
+
+def test_first_only_class_and_fractional_cpus(cluster, no_runtime):
+    @remote_class(execute="first")
+    class Single:
+        def __init__(self) -> None:
+            pass
+
+        @remote_function(dispatch="all", collect="none")
+        def rank(self):
+            from twinkle_core import get_worker_context
+
+            return get_worker_context().rank
+
+    initialize(
+        "ray",
+        address=cluster.address,
+        groups=[DeviceGroup("half", 3, "cpu")],
+        cpus_per_worker={"half": 0.5},
+        name="first-only",
+    )
+    try:
+        single = Single(remote_group="half")
+        assert single.rank()() == [0]  # one actor, not one per rank
+        assert len(single.__dict__["_twinkle_binding"].workers.handles) == 1
+        pgs, actors = _live_twinkle_state("first-only")
+        assert [p["bundles"] for p in pgs] == [{0: {"CPU": 0.5}, 1: {"CPU": 0.5}, 2: {"CPU": 0.5}}]
+        assert len(actors) == 1
+    finally:
+        shutdown()
