@@ -29,6 +29,7 @@ from twinkle_core import (
 from twinkle_core.dispatch import SliceDPDispatcher
 from twinkle_ray.transfer import (
     RemoteArray,
+    RemoteCollected,
     RemoteValue,
     tensor_from_numpy,
     tensor_to_numpy,
@@ -55,6 +56,10 @@ class Producer:
     def receive(self, batch):
         self.seen.append(batch)
         return [type(batch).__name__, len(batch), float(np.sum(batch))]
+
+    @remote_function(dispatch="slice_dp", collect="sum")
+    def total(self, batch):
+        return float(np.sum(batch))
 
     @remote_function(dispatch="all", collect="none", sync=True)
     def slow_mark(self, seconds):
@@ -84,6 +89,10 @@ class Consumer:
     @remote_function(dispatch="all", collect="none")
     def tags(self, items):
         return list(items)
+
+    @remote_function(dispatch="all", collect="first")
+    def plus(self, value):
+        return [type(value).__name__, value + 1]
 
     @remote_function(dispatch="all", collect="first")
     def tensor_info(self, t):
@@ -181,6 +190,18 @@ def test_none_collected_results_stay_remote_and_arrive_as_a_list(run):
     assert isinstance(placeholder, list) and all(isinstance(p, RemoteValue) for p in placeholder)
     _workers(consumer)._local.placeholders = False
     assert consumer.tags(producer.tag())() == [["p0", "p1"], ["p0", "p1"]]
+
+
+def test_chaining_into_a_group_of_another_size_and_other_collectors(run):
+    producer = run["producer"]
+    # A second class on the one-worker loader group (colocated with Batches): its single
+    # worker's share spans both producer results.
+    single = Consumer(1.0, remote_group="loader")
+    assert single.shift(producer.square(np.arange(5)))().tolist() == [0, 1, 4, 9, 16]
+    # A sum of numbers is combined on the consumer.
+    assert single.plus(producer.total(np.arange(5)))() == ["float", 11.0]
+    assert isinstance(_workers(single).resolve_argument(producer.total([1, 2])), RemoteCollected)
+    _workers(single)._local.placeholders = False
 
 
 def test_a_shard_shared_by_peers_is_put_once_and_both_receive_it():

@@ -113,17 +113,17 @@ class RayBackend(ExecutionBackend):
         num_cpus = opts.num_cpus
         if num_cpus is None:
             num_cpus = max(os.cpu_count() or 1, ceil_cpus(cpu_demand) * (2 if has_accel else 1))
-        self.connection.open(
-            opts.address,
-            runtime_env={"env_vars": {**self.passthrough_env, **self.noset}},
-            namespace=opts.namespace,
-            num_cpus=num_cpus,
-            num_gpus=opts.num_gpus,
-            resources=dict(opts.resources),
-            object_store_memory=opts.object_store_memory,
-            keep_env=(*patterns, *self.noset),
-        )
         try:
+            self.connection.open(
+                opts.address,
+                runtime_env={"env_vars": {**self.passthrough_env, **self.noset}},
+                namespace=opts.namespace,
+                num_cpus=num_cpus,
+                num_gpus=opts.num_gpus,
+                resources=dict(opts.resources),
+                object_store_memory=opts.object_store_memory,
+                keep_env=(*patterns, *self.noset),
+            )
             self.resources = ResourceManager(
                 config.name,
                 config.groups,

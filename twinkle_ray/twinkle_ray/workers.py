@@ -201,12 +201,15 @@ class RayPendingCall(PendingCall):
             return False
         if self._metas is not None or self._values is not None:
             return True
-        if not self.done():
-            return False
+        if not self.done() or not self._lock.acquire(blocking=False):
+            return False  # still running, or another thread is collecting it right now
         try:
-            self.wait_meta(0)
+            if self._metas is None:
+                self._metas = self._await(self.meta_refs, 0)
         except Exception:
             return False
+        finally:
+            self._lock.release()
         return True
 
 
