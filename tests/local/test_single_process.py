@@ -186,3 +186,22 @@ def test_no_torchrun_environment_is_a_lone_process():
     env = TorchrunEnv.from_environ({"PATH": "/bin"})
     assert not env.launched
     assert (env.world_size, env.rank, env.local_rank, env.local_world_size) == (1, 0, 0, 1)
+
+
+def test_a_group_the_user_started_without_torchrun_variables():
+    """E.g. SLURM scripts that call init_process_group themselves: that world is used."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        initialize("local", groups=[DeviceGroup("g", 1, "cpu")])
+        try:
+            backend = current_runtime().backend
+            assert backend.env.launched and backend.channel.distributed
+            counter = Counter(1, remote_group="g")
+            assert counter.add(2)() == 3
+            assert backend.claim_notification("some failure") is True  # through the store
+            assert backend.claim_notification("some failure") is False
+        finally:
+            shutdown()
+        assert dist.is_initialized()  # not twinkle's to destroy
+    finally:
+        dist.destroy_process_group()

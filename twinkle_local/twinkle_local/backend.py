@@ -90,7 +90,7 @@ class LocalBackend(ExecutionBackend):
         options = self._options(config.backend_options)
         self.isolate = options["isolate"]
         self._notify_wait = options["notify_wait"]
-        self.env = env = TorchrunEnv.from_environ()
+        self.env = env = TorchrunEnv.detect()
         self.platform = platform = detect_platform()
         self._plan(config, env, platform)
         try:

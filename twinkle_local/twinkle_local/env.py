@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -34,6 +35,21 @@ class TorchrunEnv:
     def launched(self) -> bool:
         """Whether torchrun (or an equivalent launcher) started this process."""
         return self.master_addr is not None
+
+    @classmethod
+    def detect(cls) -> TorchrunEnv:
+        """torchrun's variables, or the world of a default group the user already started
+        (e.g. under SLURM with `init_process_group` and no WORLD_SIZE/RANK variables)."""
+        env = cls.from_environ()
+        if env.launched:
+            return env
+        dist = sys.modules.get("torch.distributed")
+        if dist is None or not dist.is_available() or not dist.is_initialized():
+            return env
+        world, rank = dist.get_world_size(), dist.get_rank()
+        local_world = _int(os.environ, "LOCAL_WORLD_SIZE", minimum=1, default=world)
+        local_rank = _int(os.environ, "LOCAL_RANK", minimum=0, default=rank % local_world)
+        return cls(world, rank, local_rank, local_world, "(existing process group)", None)
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> TorchrunEnv:
