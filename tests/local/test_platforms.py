@@ -110,6 +110,8 @@ def test_static_attributes_need_no_torch(tmp_path):
             cls = system.get("platforms", name)
             out[name] = [cls.visible_devices_env, cls.ray_resource, cls.dist_backend,
                          list(cls.ray_noset_env_vars), cls.detection_priority]
+        import twinkle_local, twinkle_local.backend  # noqa: E401, F401
+        out["backends"] = system.names("backends")
         out["torch_imported"] = "torch" in sys.modules
         print(json.dumps(out))
         """
@@ -126,6 +128,7 @@ def test_static_attributes_need_no_torch(tmp_path):
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert out.pop("torch_imported") is False
+    assert {"local", "torchrun", "inprocess"} <= set(out.pop("backends"))
     assert out["cuda"] == [
         "CUDA_VISIBLE_DEVICES",
         "GPU",

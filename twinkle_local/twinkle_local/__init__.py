@@ -7,11 +7,13 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+from .backend import LocalBackend
 from .distributed import init_distributed, to_torch_device_mesh
 from .platforms import CudaPlatform, MpsPlatform, NpuPlatform, TorchCpuPlatform
 
 __all__ = [
     "CudaPlatform",
+    "LocalBackend",
     "MpsPlatform",
     "NpuPlatform",
     "TorchCpuPlatform",
