@@ -72,6 +72,15 @@ class TwinkleActor:
                     f"{where}: {key}={value!r} but twinkle planned {boot.env[key]!r}; Ray "
                     f"overrode it (set {', '.join(boot.noset_env) or 'the NOSET variables'})"
                 )
+        if boot.device_type != "cpu" and boot.devices:
+            from twinkle_core import get_platform
+
+            platform = get_platform(boot.device_type)
+            if platform.is_available() and platform.device_count() != len(boot.devices):
+                raise RuntimeError(
+                    f"{where} should see {len(boot.devices)} {boot.device_type} device(s) "
+                    f"{list(boot.devices)} but sees {platform.device_count()}"
+                )
         return {
             "node_id": node_id,
             "ip": ray.util.get_node_ip_address(),

@@ -115,6 +115,7 @@ class RayPendingCall(PendingCall):
         self._failures: list[RankFailure] | None = None
         self._values: list[Any] | None = None
         self._metas: list[ResultMeta] | None = None
+        self._finished = False
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ waiting
@@ -181,12 +182,13 @@ class RayPendingCall(PendingCall):
             return self._metas
 
     def done(self) -> bool:
-        if self._values is not None or self._failures:
+        if self._finished or self._values is not None or self._failures:
             return True
         ready, _ = ray.wait(
             self.meta_refs, num_returns=len(self.meta_refs), timeout=0, fetch_local=False
         )
         if len(ready) == len(self.meta_refs):
+            self._finished = True
             return True
         for ref in ready:
             try:
