@@ -174,7 +174,11 @@ def test_lost_rank_ends_the_job(tmp_path, mode):
         assert "WorkerDiedError: [twinkle driver caller:" in job.output
         assert "died or stopped answering during Fragile.step" in job.output
         alerts = (tmp_path / "alerts.jsonl").read_text().splitlines()
-        assert len(alerts) == 1 and "WorkerDiedError" in alerts[0]
+        # One per call site: the failed call, and the retry after catching it.
+        assert len(alerts) == 2 and all("WorkerDiedError" in a for a in alerts)
+        broken = json.loads((tmp_path / "broken0.json").read_text())
+        assert "during Fragile.step" in broken["again"]
+        assert broken["again_took"] < 1  # no second wait for the timeout
     started = json.loads((tmp_path / "start0.json").read_text())["t"]
     took = job.ended_at - started
     if mode == "hang":

@@ -23,6 +23,7 @@ from twinkle_core import (
     RankFailure,
     TwinkleError,
     WorkerContext,
+    WorkerDiedError,
     WorkerGroup,
     WorkerPlacement,
 )
@@ -252,14 +253,13 @@ class LocalBackend(ExecutionBackend):
                 "inside `if rank == ...` blocks of the driver script"
             )
 
-    def mark_broken(self, exc: BaseException) -> None:
+    def mark_broken(self, exc: BaseException, label: str) -> None:
+        """Remember the first failed exchange: later calls fail at once instead of waiting."""
         if self.broken is None:
             self.broken = exc
-            self._broken_at = ""
-
-    def broken_message(self, label: str) -> str:
-        if not self._broken_at:
             self._broken_at = label
+
+    def broken_message(self) -> str:
         return (
             f"a torchrun process died or stopped answering during {self._broken_at}; twinkle's "
             "exchanges cannot continue (see that process's own output for the cause)"
@@ -276,6 +276,8 @@ class LocalBackend(ExecutionBackend):
         num_workers: int,
     ) -> WorkerGroup:
         env = self.env
+        if self.broken is not None:
+            raise WorkerDiedError(self.broken_message())
         if num_workers > env.world_size:
             raise ConfigurationError(
                 f"{cls.__name__} needs {num_workers} workers on group {group.name!r} but the "
@@ -342,8 +344,8 @@ class LocalBackend(ExecutionBackend):
             try:
                 gathered = self.channel.all_gather((seq, label, 0, {0: entry} if entry else {}))
             except ChannelError as exc:
-                self.mark_broken(exc)
-                raise TwinkleError(self.broken_message(label)) from exc
+                self.mark_broken(exc, label)
+                raise WorkerDiedError(self.broken_message()) from exc
             self.check_same_call(gathered, seq, label, 0)
         failures = [e for g in gathered for e in g[3].values() if e is not None]
         if failures:

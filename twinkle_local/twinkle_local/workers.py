@@ -277,8 +277,8 @@ class LocalWorkerGroup(WorkerGroup):
     def _lost(self, label: str, calls: list[WorkerCall], exc: BaseException) -> LocalPendingCall:
         """A collective broke: every surviving process reports the same WorkerDiedError."""
         backend = self.backend
-        backend.mark_broken(exc)
-        error = WorkerDiedError(backend.broken_message(label))
+        backend.mark_broken(exc, label)
+        error = WorkerDiedError(backend.broken_message())
         detail = f"{type(exc).__name__}: {exc}"
         others = sorted({c.rank for c in calls if c.rank != backend.env.rank})
         ranks = others or [backend.env.rank]

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from twinkle_core import (
     DeviceGroup,
+    WorkerDiedError,
     get_worker_context,
     initialize,
     remote_class,
@@ -55,4 +56,14 @@ initialize(
 )
 fragile = Fragile(remote_group="g")
 (OUT / f"start{RANK}.json").write_text(json.dumps({"t": time.time()}))
-fragile.step()()  # CALL-LOST
+try:
+    fragile.step()()  # CALL-LOST
+except WorkerDiedError as exc:
+    # The job is broken: a later call fails at once instead of waiting for the timeout again.
+    start = time.time()
+    try:
+        fragile.step()()
+    except WorkerDiedError as again:
+        report = {"first": str(exc), "again": str(again), "again_took": time.time() - start}
+        (OUT / f"broken{RANK}.json").write_text(json.dumps(report))
+    raise
