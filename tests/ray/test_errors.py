@@ -82,7 +82,12 @@ def run(cluster, alerts):
     initialize(
         "ray",
         address=cluster.address,
-        groups=[DeviceGroup("flaky", 2, "cpu"), DeviceGroup("doomed", 2, "cpu")],
+        groups=[
+            DeviceGroup("flaky", 2, "cpu"),
+            DeviceGroup("doomed", 2, "cpu"),
+            DeviceGroup("phoenix", 2, "cpu"),
+        ],
+        restart=["phoenix"],
         notifier=alerts.append,
         name="errors-test",
     )
@@ -151,6 +156,23 @@ def test_dead_worker_raises_worker_died_fast_and_tears_down_its_group(run):
     assert not _alive(pids[0])
     with pytest.raises(WorkerDiedError, match="was torn down"):
         doomed.pid()()
+
+
+def test_group_configured_to_restart_comes_back_after_a_death(run):
+    phoenix = Flaky(remote_group="phoenix")
+    before = phoenix.pid()()
+    with pytest.raises(WorkerDiedError, match="twinkle restarts the whole group"):
+        phoenix.crash(30)()
+    after = phoenix.pid()()  # both ranks were rebuilt, and calls work again
+    assert len(after) == 2 and not set(after) & set(before)
+    assert not _alive(before[0])
+
+
+def test_calls_return_before_the_work_is_done(run):
+    start = time.monotonic()
+    lazy = run["flaky"].nap(1.0)
+    assert time.monotonic() - start < 0.5 and not lazy.done()
+    assert lazy() == [0, 1] and lazy.done()
 
 
 def test_killed_actor_is_reported_as_dead(run):

@@ -179,7 +179,48 @@ class RayBackend(ExecutionBackend):
         assert config is not None and opts is not None and resources is not None
         slots = resources.slots(group, num_workers)
         instance = next(self._instances)
-        platform = get_platform(group.device_type)
+        placements = [
+            WorkerPlacement(
+                s.rank,
+                s.node.label,
+                s.devices if not group.is_cpu else group.worker_ranks(s.rank),
+                group.device_type,
+            )
+            for s in slots
+        ]
+        args, kwargs = _resolve_lazies(args), _resolve_lazies(kwargs)
+        workers = RayWorkerGroup(
+            group,
+            device_mesh,
+            cls.__name__,
+            [],
+            placements,
+            config.name,
+            restartable=opts.restarts(group.name),
+        )
+        self.worker_groups.append(workers)
+
+        def spawn(generation: int) -> None:
+            workers.handles = self._spawn(cls, group, slots, f"{instance}.{generation}")
+            try:
+                self._start(workers, slots, cls, args, kwargs, config, opts.start_timeout)
+            except BaseException:
+                workers.teardown("its start-up failed")
+                raise
+
+        try:
+            spawn(0)
+        except BaseException:
+            self.worker_groups.remove(workers)
+            raise
+        if workers.restartable:
+            workers.restarter = spawn
+        return workers
+
+    def _spawn(self, cls: type, group: DeviceGroup, slots: list, instance: str) -> list[Any]:
+        """One actor per slot, each with its environment; returns the handles at once."""
+        config = self.config
+        assert config is not None
         noset = tuple(self.noset)
         handles = []
         for slot in slots:
@@ -214,28 +255,10 @@ class RayBackend(ExecutionBackend):
                 ),
             }
             handles.append(actor_class().options(**options).remote(boot))
-        placements = [
-            WorkerPlacement(
-                s.rank,
-                s.node.label,
-                s.devices if not group.is_cpu else group.worker_ranks(s.rank),
-                group.device_type,
-            )
-            for s in slots
-        ]
-        workers = RayWorkerGroup(
-            group, device_mesh, cls.__name__, handles, placements, config.name
-        )
-        self.worker_groups.append(workers)
-        try:
-            self._start(workers, slots, platform, cls, args, kwargs, config, opts.start_timeout)
-        except BaseException:
-            workers.teardown("its start-up failed")
-            self.worker_groups.remove(workers)
-            raise
-        return workers
+        return handles
 
-    def _start(self, workers, slots, platform, cls, args, kwargs, config, timeout) -> None:
+    def _start(self, workers, slots, cls, args, kwargs, config, timeout) -> None:
+        """Check every actor landed as planned, then build the user's object in each."""
         deadline = time.monotonic() + timeout
         hello = RayPendingCall(
             workers,
@@ -247,7 +270,6 @@ class RayBackend(ExecutionBackend):
         port_ref = workers.handles[0].free_port.remote()
         _raise_first(hello, timeout, "start")
         master = ray.get(port_ref, timeout=max(1.0, deadline - time.monotonic()))
-        args, kwargs = _resolve_lazies(args), _resolve_lazies(kwargs)
         shipper = Shipper([(args, kwargs), (args, kwargs)])  # every worker: one copy
         kwnames, values = flatten_call(*shipper.ship_call(args, kwargs))
         refs = []

@@ -24,6 +24,8 @@ class RayOptions:
       name (fractions allowed, default 1).
     - `env_passthrough`: extra environment variable names (`PREFIX_*` allowed) sent to workers.
     - `namespace`: the Ray namespace of the run's actors (default: an anonymous one).
+    - `restart`: groups whose workers are all restarted (rebuilt from their constructor) when
+      one dies, instead of being torn down for good: True for every group, or group names.
     """
 
     address: str | None = None
@@ -36,6 +38,7 @@ class RayOptions:
     cpus_per_worker: float | dict[str, float] = 1.0
     env_passthrough: tuple[str, ...] = ()
     namespace: str | None = None
+    restart: bool | tuple[str, ...] = False
 
     @classmethod
     def parse(cls, options: Mapping[str, Any]) -> RayOptions:
@@ -95,7 +98,20 @@ class RayOptions:
                 f"(a trailing '*' matches a prefix), got {opts.env_passthrough!r}"
             )
         opts.env_passthrough = tuple(opts.env_passthrough)
+        if not isinstance(opts.restart, bool):
+            if isinstance(opts.restart, str) or not all(
+                isinstance(v, str) for v in opts.restart
+            ):
+                raise ConfigurationError(
+                    f"initialize(mode='ray', restart=...) must be True, False or a list of group "
+                    f"names, got {opts.restart!r}"
+                )
+            opts.restart = tuple(opts.restart)
         return opts
+
+    def restarts(self, group: str) -> bool:
+        """Whether group `group` is restarted after a worker death."""
+        return self.restart if isinstance(self.restart, bool) else group in self.restart
 
     def cpus_for(self, group: str) -> float:
         """CPUs one worker of CPU group `group` reserves."""

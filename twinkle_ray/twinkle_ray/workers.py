@@ -8,6 +8,7 @@ known at that moment, and a dead actor tears its whole group down.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import Counter
@@ -57,6 +58,8 @@ DEATH_ERRORS: tuple[type[BaseException], ...] = (
     rex.LocalRayletDiedError,
     rex.ObjectLostError,
 )
+
+log = logging.getLogger("twinkle")
 
 _SMALL = (type(None), bool, int, float, complex)
 
@@ -226,16 +229,22 @@ class RayWorkerGroup(WorkerGroup):
         handles: list[Any],
         placements: list[WorkerPlacement],
         run_name: str,
+        restartable: bool = False,
     ) -> None:
-        super().__init__(group, device_mesh, class_name, len(handles), placements)
+        super().__init__(group, device_mesh, class_name, len(placements), placements)
         self.handles = handles
         self.run_name = run_name
+        self.restartable = restartable
+        #: Driver-side only: rebuilds every actor of the group (set by the backend).
+        self.restarter: Any = None
+        self.restarts = 0
         self.torn_down: str | None = None
         self._local = threading.local()
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state.pop("_local", None)
+        state["restarter"] = None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -251,11 +260,16 @@ class RayWorkerGroup(WorkerGroup):
         node = self.node_of(rank)
         if isinstance(exc, DEATH_ERRORS):
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            after = (
+                "twinkle restarts the whole group (restart is on for it): every worker is "
+                "rebuilt from its constructor, so state since then is lost"
+                if self.restartable
+                else "twinkle tore down the whole group, whose other ranks would hang in their "
+                "next collective: create the remote object again to continue"
+            )
             died = WorkerDiedError(
                 f"worker rank {rank} of group {self.group.name!r} ({self.class_name}) on node "
-                f"{node or '?'} died ({type(exc).__name__}: {reason[:300]}); twinkle tore down "
-                f"the whole group, whose other ranks would hang in their next collective: "
-                f"create the remote object again to continue"
+                f"{node or '?'} died ({type(exc).__name__}: {reason[:300]}); {after}"
             )
             return RankFailure(rank, died, node, str(exc))
         if isinstance(exc, rex.RayTaskError):
@@ -270,9 +284,19 @@ class RayWorkerGroup(WorkerGroup):
 
     def on_failures(self, failures: list[RankFailure]) -> None:
         died = [f for f in failures if isinstance(f.exception, WorkerDiedError)]
-        if died and self.torn_down is None:
-            first = died[0]
-            self.teardown(f"rank {first.rank} on node {first.node or '?'} died")
+        if not died or self.torn_down is not None:
+            return
+        first = died[0]
+        self.teardown(f"rank {first.rank} on node {first.node or '?'} died")
+        if self.restarter is not None:
+            self.restarts += 1
+            try:
+                self.restarter(self.restarts)
+            except Exception as exc:  # the group stays torn down; the death is still raised
+                self.torn_down = f"{self.torn_down}, and its restart failed: {exc}"
+                log.error("twinkle: restarting group %r failed: %s", self.group.name, exc)
+                return
+            self.torn_down = None
 
     def teardown(self, reason: str) -> None:
         """Kill every actor of this group (a torch.distributed group cannot lose one rank)."""
