@@ -91,3 +91,28 @@ def test_timeout_accepts_seconds_and_timedelta():
     assert as_timeout(2.5) == datetime.timedelta(seconds=2.5)
     assert as_timeout(datetime.timedelta(minutes=1)) == datetime.timedelta(seconds=60)
     assert torch.distributed.is_available()
+
+
+def test_simulated_gpus_get_nccl_and_their_device(one_process_world, monkeypatch):
+    """Auto-detected cuda: the device is set, then nccl is asked for (CPU torch has none)."""
+    calls = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda i: calls.append(i))
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    with pytest.raises(RuntimeError, match="NCCL"):
+        init_distributed()
+    assert calls == [3]
+    assert not dist.is_initialized()
+
+
+@pytest.mark.filterwarnings("ignore:Device capability of hccl unknown")
+def test_simulated_npus_get_hccl(one_process_world, monkeypatch):
+    module = types.ModuleType("torch_npu")
+    module.npu = types.SimpleNamespace(
+        is_available=lambda: True, device_count=lambda: 8, set_device=lambda i: None
+    )
+    monkeypatch.setitem(sys.modules, "torch_npu", module)
+    with pytest.raises(Exception, match="hccl"):  # this torch has no hccl registered
+        init_distributed()
+    assert not dist.is_initialized()
