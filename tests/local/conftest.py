@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import torch
 
 import twinkle_core
 
@@ -44,6 +45,40 @@ def single_process(monkeypatch):
     """This pytest process as a lone process: no torchrun variables."""
     for var in TORCHRUN_VARS:
         monkeypatch.delenv(var, raising=False)
+
+
+class FakeCudaRng:
+    """Per-device generator states for simulated GPUs (torch.cuda's rng API shape)."""
+
+    def __init__(self, count: int) -> None:
+        self.states = [torch.tensor([0], dtype=torch.uint8) for _ in range(count)]
+        self.seeds: list[int] = []
+        self.current: list[int] = []  # set_device calls
+
+    def manual_seed_all(self, seed: int) -> None:
+        self.seeds.append(seed)
+        self.states = [torch.tensor([seed % 256], dtype=torch.uint8) for _ in self.states]
+
+    def set_device(self, index: int) -> None:
+        self.current.append(index)
+
+    def get_rng_state_all(self):
+        return [s.clone() for s in self.states]
+
+    def set_rng_state_all(self, states) -> None:
+        self.states = [s.clone() for s in states]
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    rng = FakeCudaRng(4)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.setattr(torch.cuda, "manual_seed_all", rng.manual_seed_all)
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", rng.get_rng_state_all)
+    monkeypatch.setattr(torch.cuda, "set_rng_state_all", rng.set_rng_state_all)
+    monkeypatch.setattr(torch.cuda, "set_device", rng.set_device)
+    return rng
 
 
 @dataclass

@@ -66,35 +66,6 @@ def fake_npu(monkeypatch):
     return api
 
 
-class FakeCudaRng:
-    """Per-device generator states for simulated GPUs (torch.cuda's rng API shape)."""
-
-    def __init__(self, count: int) -> None:
-        self.states = [torch.tensor([0], dtype=torch.uint8) for _ in range(count)]
-        self.seeds: list[int] = []
-
-    def manual_seed_all(self, seed: int) -> None:
-        self.seeds.append(seed)
-        self.states = [torch.tensor([seed % 256], dtype=torch.uint8) for _ in self.states]
-
-    def get_rng_state_all(self):
-        return [s.clone() for s in self.states]
-
-    def set_rng_state_all(self, states) -> None:
-        self.states = [s.clone() for s in states]
-
-
-@pytest.fixture
-def fake_cuda(monkeypatch):
-    rng = FakeCudaRng(4)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
-    monkeypatch.setattr(torch.cuda, "manual_seed_all", rng.manual_seed_all)
-    monkeypatch.setattr(torch.cuda, "get_rng_state_all", rng.get_rng_state_all)
-    monkeypatch.setattr(torch.cuda, "set_rng_state_all", rng.set_rng_state_all)
-    return rng
-
-
 # --------------------------------------------------------------------------- static description
 
 

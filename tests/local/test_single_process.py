@@ -205,3 +205,18 @@ def test_a_group_the_user_started_without_torchrun_variables():
         assert dist.is_initialized()  # not twinkle's to destroy
     finally:
         dist.destroy_process_group()
+
+
+def test_simulated_gpu_machine(fake_cuda):
+    """Detection drives the default group, the local device and the worker context."""
+    config = initialize("local", seed=3)
+    try:
+        assert config.groups["default"].device_type == "cuda"
+        assert fake_cuda.current == [0]  # LOCAL_RANK 0 made current
+        counter = Counter(0, remote_group="default")
+        assert counter.where()() == [0, 1, 0, "default", "cuda"]
+        assert "device cuda:0" in get_device_placement()
+        assert current_runtime().backend.describe()["device"] == "cuda"
+    finally:
+        shutdown()
+    assert fake_cuda.seeds and set(fake_cuda.seeds) == {3}
