@@ -184,6 +184,18 @@ def test_chained_argument_reaches_each_consumer_as_its_own_producer_shard(run):
     assert seen == [["ndarray", [0, 1]], ["ndarray", [4, 9]]]
 
 
+@pytest.mark.skipif(
+    "succeeded" not in twinkle_core.PendingCall.__dict__,
+    reason="core's runtime collects every finished call until PendingCall.succeeded() exists",
+)
+def test_chained_producer_results_never_reach_the_driver(run):
+    producer, consumer = run["producer"], run["consumer"]
+    produced = producer.square(np.arange(8))
+    assert consumer.shift(produced)().tolist()[:2] == [0, 10]
+    consumer.describe(np.arange(2))()  # another call: the runtime's bookkeeping runs again
+    assert produced.source.pending._values is None  # only the small metadata was fetched
+
+
 def test_none_collected_results_stay_remote_and_arrive_as_a_list(run):
     producer, consumer = run["producer"], run["consumer"]
     placeholder = _workers(consumer).resolve_argument(producer.tag())
