@@ -120,12 +120,14 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def run_job(script: str, out_dir: Path, *args: str, timeout: float = 120, nodes: int = 0) -> Job:
+def run_job(
+    script: str, out_dir: Path, *args: str, timeout: float = 120, nodes: int = 0, nproc: int = 2
+) -> Job:
     """Run `jobs/<script>` under torchrun; never leaves a process behind.
 
-    By default one `--standalone` launcher with 2 processes. With `nodes=N`, N launchers of one
-    process each join through a c10d rendezvous, as N machines would (one store for the job,
-    hosted by one of the launchers).
+    By default one `--standalone` launcher with `nproc` processes. With `nodes=N`, N launchers
+    of one process each join through a c10d rendezvous, as N machines would (one store for the
+    job, hosted by one of the launchers).
     """
     token = f"twinkle-test-{uuid.uuid4().hex}"
     env = {k: v for k, v in os.environ.items() if k not in TORCHRUN_VARS}
@@ -144,7 +146,7 @@ def run_job(script: str, out_dir: Path, *args: str, timeout: float = 120, nodes:
         ]
         commands = [[*torchrun, *rdzv, *script_args] for _ in range(nodes)]
     else:
-        commands = [[*torchrun, "--standalone", "--nproc_per_node=2", *script_args]]
+        commands = [[*torchrun, "--standalone", f"--nproc_per_node={nproc}", *script_args]]
     start = time.monotonic()
     procs = [
         subprocess.Popen(

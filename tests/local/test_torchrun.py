@@ -222,3 +222,23 @@ def test_sigterm_waits_for_queued_alerts(tmp_path):
     assert proc.returncode == -signal.SIGTERM  # still ends the way SIGTERM ends a process
     assert "disk full" in (tmp_path / "alert.txt").read_text()
     assert waited < 10
+
+
+def test_four_processes_groups_smaller_than_the_world(tmp_path):
+    """4 processes: groups of 1-2 leave processes 2 and 3 without instances (they still get
+    every value), and a dp=2 x tp=2 mesh spans all four."""
+    job = run_job("wide_job.py", tmp_path, nproc=4, timeout=180)
+    assert job.returncode == 0, job.output[-6000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(4)]
+    for rank, result in enumerate(ranks):
+        mesh = dict(result["local_mesh"])
+        torch_mesh = mesh.pop("torch_mesh")  # local mode only
+        assert_close(mesh, ranks[0]["reference_mesh"], f"{rank}.mesh")
+        for part in ("conformance", "scenarios"):
+            assert_close(result[f"local_{part}"], ranks[0][f"reference_{part}"], f"{rank}.{part}")
+        assert mesh["loss"] == 7.5  # mean over the 2 dp shards (6 and 9), tp peers not counted
+        assert mesh["outputs"] == [10, 20, 30, 40, 50]
+        assert mesh["coords"] == [[0, 0, 0], [1, 0, 1], [2, 1, 0], [3, 1, 1]]
+        dp, tp = divmod(rank, 2)
+        tp_group = [2 * dp, 2 * dp + 1]
+        assert torch_mesh == [["dp", "tp"], [[0, 1], [2, 3]], dp, tp, tp_group]
