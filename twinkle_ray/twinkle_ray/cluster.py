@@ -127,7 +127,7 @@ class ClusterConnection:
         try:
             # The cluster's processes inherit this environment, and so every worker: keep only
             # what a node needs and what is meant to travel, never the driver's secrets.
-            with scrubbed_environ(keep_env + NODE_ESSENTIALS), _loopback_only():
+            with scrubbed_environ(keep_env, NODE_ESSENTIALS), _loopback_only():
                 ray.init(
                     address="local",  # never attach to some other cluster found on the machine
                     **kwargs,

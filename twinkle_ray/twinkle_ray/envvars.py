@@ -3,12 +3,18 @@
 The driver's whole environment is never copied into actors: API tokens and other secrets stay
 on the driver. Only variables matching the pass-through list below (plus the names a user adds
 with `initialize(mode='ray', env_passthrough=[...])` or `TWINKLE_ENV_PASSTHROUGH=A,B_*`) are
-sent. A name ending in `*` is a prefix.
+sent. A name ending in `*` is a prefix, one starting with `*` a suffix.
+
+Credentials never travel through a wildcard: a variable matched only by a pattern is dropped
+when its name looks like a secret (`NEVER_BY_PATTERN`), e.g. `TWINKLE_DINGTALK_SECRET` although
+`TWINKLE_*` is on the list: notifiers run on the driver only. Naming a variable exactly (no `*`)
+in `env_passthrough` sends it anyway, because then the user asked for it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import os
 from collections.abc import Iterable, Iterator, Mapping
 
@@ -27,6 +33,20 @@ DEFAULT_PASSTHROUGH: tuple[str, ...] = (
     "HF_HOME",
     "HF_HUB_OFFLINE",
     "TRANSFORMERS_OFFLINE",
+)
+
+#: Never sent because of a wildcard: notifier settings (the driver alone notifies) and names
+#: that look like credentials.
+NEVER_BY_PATTERN: tuple[str, ...] = (
+    "TWINKLE_DINGTALK_*",
+    "*SECRET*",
+    "*TOKEN*",
+    "*PASSWORD*",
+    "*PASSWD*",
+    "*WEBHOOK*",
+    "*CREDENTIAL*",
+    "*_KEY",
+    "*_API_KEY*",
 )
 
 #: What a Ray node needs to run Python at all; kept when twinkle starts an embedded cluster.
@@ -58,11 +78,7 @@ PASSTHROUGH_ENV = "TWINKLE_ENV_PASSTHROUGH"
 
 
 def _matches(name: str, pattern: str) -> bool:
-    if pattern.startswith("*"):
-        return name.endswith(pattern[1:])
-    if pattern.endswith("*"):
-        return name.startswith(pattern[:-1])
-    return name == pattern
+    return fnmatch.fnmatchcase(name, pattern)
 
 
 def passthrough_patterns(extra: Iterable[str] = ()) -> tuple[str, ...]:
@@ -71,21 +87,34 @@ def passthrough_patterns(extra: Iterable[str] = ()) -> tuple[str, ...]:
     return (*DEFAULT_PASSTHROUGH, *extra, *from_env)
 
 
-def select(environ: Mapping[str, str], patterns: Iterable[str]) -> dict[str, str]:
-    """The variables of `environ` whose names match one of `patterns`."""
+def select(
+    environ: Mapping[str, str],
+    patterns: Iterable[str],
+    never: Iterable[str] = NEVER_BY_PATTERN,
+) -> dict[str, str]:
+    """The variables of `environ` named exactly in `patterns`, or matching a wildcard pattern
+    there and none of `never`."""
     patterns = tuple(patterns)
-    return {k: v for k, v in environ.items() if any(_matches(k, p) for p in patterns)}
+    exact = {p for p in patterns if "*" not in p}
+    wild = [p for p in patterns if "*" in p]
+    never = tuple(never)
+    return {
+        k: v
+        for k, v in environ.items()
+        if k in exact
+        or (any(_matches(k, p) for p in wild) and not any(_matches(k, n) for n in never))
+    }
 
 
 @contextlib.contextmanager
-def scrubbed_environ(keep: Iterable[str]) -> Iterator[None]:
-    """Temporarily reduce `os.environ` to the variables matching `keep`.
+def scrubbed_environ(passthrough: Iterable[str], essentials: Iterable[str]) -> Iterator[None]:
+    """Temporarily reduce `os.environ` to the pass-through variables and a node's essentials.
 
     Used around starting an embedded Ray cluster: its processes (and so every worker they
     spawn) inherit the environment at that moment, and must not inherit the driver's secrets.
     """
     saved = dict(os.environ)
-    kept = select(saved, keep)
+    kept = {**select(saved, essentials, never=()), **select(saved, passthrough)}
     os.environ.clear()
     os.environ.update(kept)
     try:
