@@ -19,6 +19,7 @@ from twinkle_core import (
     DeviceGroup,
     DeviceMesh,
     NotInitializedError,
+    TwinkleError,
     get_device_placement,
     get_worker_context,
     initialize,
@@ -220,3 +221,16 @@ def test_simulated_gpu_machine(fake_cuda):
     finally:
         shutdown()
     assert fake_cuda.seeds and set(fake_cuda.seeds) == {3}
+
+
+def test_reduced_calls_have_no_per_rank_list():
+    initialize("local")
+    try:
+        counter = Counter(1, remote_group="default")
+        lazy = counter.add(1)  # collect="sum": all-reduced, per-rank results not exchanged
+        assert lazy() == 2
+        with pytest.raises(TwinkleError, match="all-reduce.*collect='none'"):
+            lazy.source.pending.wait(None)
+        assert counter.where()() == [0, 1, 0, "default", "cpu"]
+    finally:
+        shutdown()
