@@ -229,7 +229,7 @@ def test_reduced_calls_have_no_per_rank_list():
         counter = Counter(1, remote_group="default")
         lazy = counter.add(1)  # collect="sum": all-reduced, per-rank results not exchanged
         assert lazy() == 2
-        with pytest.raises(TwinkleError, match="all-reduce.*collect='none'"):
+        with pytest.raises(TwinkleError, match=r"all-reduce.*collect='none'"):
             lazy.source.pending.wait(None)
         assert counter.where()() == [0, 1, 0, "default", "cpu"]
     finally:
