@@ -94,6 +94,11 @@ class Consumer:
     def plus(self, value):
         return [type(value).__name__, value + 1]
 
+    @remote_function(dispatch="all", collect="concat")
+    def tensor_rows(self, n):
+        base = torch.arange(1000, dtype=torch.float64).reshape(100, 10)
+        return base[get_worker_context().rank * 10 :][:n]  # a view of a larger storage
+
     @remote_function(dispatch="all", collect="first")
     def tensor_info(self, t):
         return [str(t.dtype), list(t.shape), bool(t.requires_grad), float(t.float().sum())]
@@ -255,6 +260,13 @@ def test_tensors_round_trip_through_workers(run):
     info = consumer.tensor_info(t)()
     expected = float(t.detach().float().sum())
     assert info == ["torch.bfloat16", [2, 4], True, pytest.approx(expected, 1e-2)]
+
+
+def test_tensor_results_come_back_as_tensors(run):
+    rows = run["consumer"].tensor_rows(2)()
+    assert isinstance(rows, torch.Tensor) and rows.dtype == torch.float64
+    assert rows[:, 0].tolist() == [0.0, 10.0, 100.0, 110.0]
+    rows += 1  # the driver gets writable tensors
 
 
 def test_iteration_restarts_and_ends(run):
