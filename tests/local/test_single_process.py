@@ -234,3 +234,32 @@ def test_reduced_calls_have_no_per_rank_list():
         assert counter.where()() == [0, 1, 0, "default", "cpu"]
     finally:
         shutdown()
+
+
+def test_full_determinism_reaches_the_workers(monkeypatch):
+    import torch
+
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    before = torch.are_deterministic_algorithms_enabled()
+
+    @remote_class()
+    class Probe:
+        def __init__(self) -> None:
+            pass
+
+        @remote_function(dispatch="all", collect="first")
+        def state(self):
+            import os
+
+            return [
+                torch.are_deterministic_algorithms_enabled(),
+                os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
+            ]
+
+    initialize("local", full_determinism=True)
+    try:
+        assert Probe(remote_group="default").state()() == [True, ":4096:8"]
+    finally:
+        shutdown()
+        torch.use_deterministic_algorithms(before)
+        torch.backends.cudnn.deterministic = False
