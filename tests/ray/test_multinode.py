@@ -137,7 +137,8 @@ def test_gpus_per_worker_gives_each_worker_its_devices_on_one_node(run, cluster)
     info = run["wide"].where()()
     assert [i["node_id"] for i in info] == nodes
     assert [i["env"]["CUDA_VISIBLE_DEVICES"] for i in info] == ["2,3", "2,3"]
-    assert [i["devices"] for i in info] == [[2, 3], [2, 3]]
+    assert [i["devices"] for i in info] == [[0, 1], [0, 1]]  # as torch sees them
+    assert [p.devices for p in _placements(run["wide"])] == [(2, 3), (2, 3)]  # physical
     assert [i["ctx"] for i in info] == [[0, 2, 0, 1], [1, 2, 0, 1]]
 
 

@@ -283,7 +283,13 @@ class RayBackend(ExecutionBackend):
                 device_mesh=workers.device_mesh,
                 node_id=slot.node.label,
                 device_type=workers.group.device_type,
-                device_ids=workers.placements[slot.rank].devices,
+                # As torch sees them: visibility is narrowed to the worker's own devices, so
+                # they are 0..k-1 (the physical ids are in the placements and the env).
+                device_ids=(
+                    tuple(range(len(slot.devices)))
+                    if not workers.group.is_cpu
+                    else workers.placements[slot.rank].devices
+                ),
             )
             refs.append(
                 handle.construct.remote(
