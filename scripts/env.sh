@@ -5,7 +5,7 @@
 PYTHON="${PYTHON:-python3}"
 VENVS="${TWINKLE_VENVS:-$PWD/.venvs}"
 # torch is pinned here (and only here): 2.13.0 is the CPU build this project tests with.
-# Users elsewhere keep their own torch; the packages only ask for torch>=2.1.
+# Users elsewhere keep their own torch; the packages only ask for torch>=2.2.
 TORCH_SPEC="${TWINKLE_TORCH_SPEC:-torch==2.13.0}"
 DEV_DEPS=(pytest hypothesis ruff "setuptools>=70" wheel)
 

@@ -151,7 +151,9 @@ def test_two_plugins_with_one_name_is_an_error_naming_both(site):
     assert "registered twice" in (infos["twinkle_b"].error or "")
 
 
-def test_override_replaces_a_builtin(site):
+def test_override_replaces_a_builtin(site, monkeypatch):
+    # Only this plugin: an installed twinkle-local overrides `cpu` too (a clash by design).
+    monkeypatch.setenv("TWINKLE_PLUGINS", "twinkle_cpu")
     make_plugin(
         site,
         "twinkle-cpu",

@@ -271,6 +271,10 @@ def shutdown(timeout: float = 10.0) -> None:
         atexit.unregister(shutdown)
         try:
             rt.settle_all()  # while the run is still current, so failures reach the notifier
+            if rt.alerts is not None:
+                # Deliver alerts while the backend still runs: a backend's shutdown may end
+                # the process group other processes wait on, or the process itself.
+                rt.alerts.flush(timeout)
         finally:
             _runtime = None
             try:
