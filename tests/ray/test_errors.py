@@ -11,6 +11,7 @@ import pytest
 import ray
 import ray.cloudpickle
 
+import twinkle_core
 from twinkle_core import (
     CallTimeoutError,
     DeviceGroup,
@@ -72,6 +73,13 @@ class Flaky:
         return os.getpid()
 
 
+@remote_class()
+class Broken:
+    def __init__(self, reason: str) -> None:
+        if get_worker_context().rank == 1:
+            raise ValueError(reason)
+
+
 @pytest.fixture(scope="module")
 def alerts():
     return []
@@ -107,6 +115,16 @@ def test_user_exception_keeps_its_type_and_names_call_site_rank_and_node(run):
     notes = "\n".join(exc.__notes__)
     node = flaky.__dict__["_twinkle_binding"].workers.placements[1].node
     assert "group 'flaky' on rank 1" in notes and node in notes
+
+
+def test_constructor_failure_raises_the_users_exception_and_leaves_nothing(run):
+    with pytest.raises(ValueError, match="no config for rank 1") as info:
+        Broken("no config for rank 1", remote_group="flaky")
+    assert "Broken failed to construct in group 'flaky' on rank 1" in "\n".join(
+        info.value.__notes__
+    )
+    backend = twinkle_core.runtime.current_runtime().backend
+    assert all(w.class_name != "Broken" for w in backend.worker_groups)
 
 
 def test_several_ranks_failing_are_grouped_by_distinct_error(run):
