@@ -190,3 +190,27 @@ def test_first_only_class_and_fractional_cpus(cluster, no_runtime):
         assert len(actors) == 1
     finally:
         shutdown()
+
+
+def test_physical_device_ids_come_from_the_node(cluster, no_runtime, monkeypatch):
+    """A node whose raylet sees CUDA_VISIBLE_DEVICES=5,7 holds devices 5 and 7, not 0 and 1."""
+    from ray.util.placement_group import placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    from twinkle_ray.resources import _probe_devices, ray_request
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,7")
+    node = cluster.add_node(num_cpus=1, num_gpus=2, resources={"odd_node": 1})
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    ray.init(address=cluster.address)
+    try:
+        pg = placement_group([{"GPU": 2, "odd_node": 1}], strategy="STRICT_PACK")
+        ray.get(pg.ready(), timeout=30)
+        strategy = PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=0)
+        probe = _probe_devices.options(**ray_request({"GPU": 2.0}), scheduling_strategy=strategy)
+        node_id, devices = ray.get(probe.remote("GPU", 2), timeout=60)
+        assert node_id == node.node_id and devices == [5, 7]
+        remove_placement_group(pg)
+    finally:
+        ray.shutdown()
+        cluster.remove_node(node)
