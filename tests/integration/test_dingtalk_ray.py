@@ -101,11 +101,6 @@ def test_four_failing_actors_send_exactly_one_message(tmp_path):
     assert SECRET not in out and TOKEN not in out
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="twinkle_ray forwards every TWINKLE_* variable to actors (envvars.DEFAULT_PASSTHROUGH); "
-    "TWINKLE_DINGTALK_* must be excluded",
-)
 def test_ray_never_forwards_dingtalk_credentials():
     # When the variables are still in the driver's environment (the user built the notifier
     # himself, or TWINKLE_DINGTALK_KEEP_ENV=1), the Ray backend's pass-through must skip them:

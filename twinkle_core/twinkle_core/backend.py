@@ -56,6 +56,12 @@ class PendingCall(ABC):
     def done(self) -> bool:
         """Whether `wait` would return or raise without blocking."""
 
+    def succeeded(self) -> bool:
+        """True when every worker is known to have finished without error, without fetching
+        the results; False when unknown. The runtime then need not collect a finished call
+        nobody looked at (its results may have gone to another group directly)."""
+        return False
+
     def collect(self, collector: Collector, device_mesh: DeviceMesh, timeout: float | None) -> Any:
         """Wait and collect; backends that can reduce numbers in place may override."""
         return collector.collect(self.wait(timeout), device_mesh)
@@ -77,6 +83,9 @@ class CompletedCall(PendingCall):
 
     def done(self) -> bool:
         return True
+
+    def succeeded(self) -> bool:
+        return not self.failures
 
 
 class WorkerGroup(ABC):
@@ -102,8 +111,19 @@ class WorkerGroup(ABC):
         self.placements = placements or [WorkerPlacement(r) for r in range(size)]
 
     @abstractmethod
-    def submit(self, method: str, calls: list[WorkerCall]) -> PendingCall:
-        """Start `method` on each call's worker; must not block on the workers' results."""
+    def submit(
+        self,
+        method: str,
+        calls: list[WorkerCall],
+        *,
+        collector: Collector | None = None,
+        device_mesh: DeviceMesh | None = None,
+    ) -> PendingCall:
+        """Start `method` on each call's worker; must not block on the workers' results.
+
+        `collector` and `device_mesh` are how the results will be collected (given by core's
+        call pipeline), for backends that exchange results eagerly or reduce them in place.
+        """
 
     def resolve_argument(self, value: LazyCollect) -> Any:
         """How a LazyCollect argument is handed to this group (default: its collected value)."""

@@ -96,7 +96,9 @@ def _resolve_lazy(value: Any, workers: WorkerGroup) -> Any:
     return value
 
 
-def _mesh_for(targets: list[int], workers: WorkerGroup) -> DeviceMesh:
+def call_mesh(targets: list[int], workers: WorkerGroup) -> DeviceMesh:
+    """The mesh a call is dispatched and collected with: the class's mesh when the call goes to
+    every worker, else a plain `dp` mesh over the targets (e.g. `execute='first'`)."""
     mesh = workers.device_mesh
     if len(targets) == mesh.world_size:
         return mesh
@@ -114,7 +116,7 @@ def invoke(
     targets = target_ranks(spec.execute, workers)
     args = _resolve_lazy(args, workers)
     kwargs = _resolve_lazy(kwargs, workers)
-    mesh = _mesh_for(targets, workers)
+    mesh = call_mesh(targets, workers)
     per_worker = dispatcher.dispatch(args, kwargs, len(targets), mesh)
     if not isinstance(per_worker, list) or len(per_worker) != len(targets):
         raise ConfigurationError(
@@ -126,7 +128,7 @@ def invoke(
         WorkerCall(rank, tuple(a), dict(k))
         for rank, (a, k) in zip(targets, per_worker, strict=True)
     ]
-    pending = workers.submit(spec.name, calls)
+    pending = workers.submit(spec.name, calls, collector=collector, device_mesh=mesh)
     method = f"{workers.class_name}.{spec.name}"
 
     def resolve(timeout: float | None) -> Any:

@@ -63,7 +63,14 @@ class InProcessWorkerGroup(WorkerGroup):
         finally:
             self.rng_states[rank] = get_rng_state()
 
-    def submit(self, method: str, calls: list[WorkerCall]) -> PendingCall:
+    def submit(
+        self,
+        method: str,
+        calls: list[WorkerCall],
+        *,
+        collector: Any = None,
+        device_mesh: DeviceMesh | None = None,
+    ) -> PendingCall:
         results: list[Any] = []
         failures: list[RankFailure] = []
         node = self.placements[0].node if self.placements else None

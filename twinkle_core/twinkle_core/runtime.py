@@ -100,12 +100,23 @@ class Runtime:
             except Exception as exc:
                 log.warning("twinkle: could not queue the failure alert: %s", exc)
 
+    @staticmethod
+    def _known_ok(item: LazyCollect) -> bool:
+        """A finished call known to have succeeded: nothing to report, nothing to fetch."""
+        pending = getattr(item.source, "pending", None)
+        try:
+            return bool(pending is not None and pending.succeeded())
+        except Exception:
+            return False
+
     def track(self, lazy: LazyCollect) -> None:
         """Remember a call so its failure is reported even if nobody collects it."""
         with self._lock:
             still = []
             for item in self._pending:
                 if item.resolved:
+                    continue
+                if item.done() and self._known_ok(item):
                     continue
                 if item.done():
                     error = item.settle()
@@ -121,7 +132,7 @@ class Runtime:
         with self._lock:
             pending, self._pending = self._pending, []
         for item in pending:
-            if not item.resolved and item.done():
+            if not item.resolved and item.done() and not self._known_ok(item):
                 error = item.settle()
                 if error is not None:
                     self._unobserved.append((item, error))

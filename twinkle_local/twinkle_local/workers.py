@@ -27,10 +27,10 @@ from twinkle_core import (
     WorkerPlacement,
     get_worker_context,
 )
+from twinkle_core.calls import call_mesh
 from twinkle_core.collect import Collector, representatives
 from twinkle_core.context import worker_context
 from twinkle_core.failures import format_remote_traceback
-from twinkle_core.remote import remote_specs
 from twinkle_core.seeding import get_rng_state, set_rng_state
 
 from . import numeric
@@ -64,7 +64,6 @@ class LocalWorkerGroup(WorkerGroup):
         self.instance = instance
         self.context = context
         self.rng_state = rng_state
-        self._collectors: dict[str, Collector | None] | None = None
 
     # ----------------------------------------------------------------- running
     @property
@@ -95,7 +94,14 @@ class LocalWorkerGroup(WorkerGroup):
                     call.rank, exc, self.backend.node, format_remote_traceback(exc)
                 )
 
-    def submit(self, method: str, calls: list[WorkerCall]) -> LocalPendingCall:
+    def submit(
+        self,
+        method: str,
+        calls: list[WorkerCall],
+        *,
+        collector: Collector | None = None,
+        device_mesh: DeviceMesh | None = None,
+    ) -> LocalPendingCall:
         if self.backend.closed:
             raise NotInitializedError(
                 f"{self.class_name}.{method}: this object belongs to a mode 'local' run that was "
@@ -104,7 +110,8 @@ class LocalWorkerGroup(WorkerGroup):
             )
         if get_worker_context() is not None:
             return self._submit_nested(method, calls)
-        return self._submit_collective(method, calls)
+        mesh = device_mesh if device_mesh is not None else call_mesh(list(range(len(calls))), self)
+        return self._submit_collective(method, calls, collector, mesh)
 
     def _submit_nested(self, method: str, calls: list[WorkerCall]) -> LocalPendingCall:
         """A call made inside a worker: only this process takes part, so no collective."""
@@ -129,20 +136,13 @@ class LocalWorkerGroup(WorkerGroup):
         return LocalPendingCall(results, failures, label=f"{self.class_name}.{method}")
 
     # ----------------------------------------------------------------- exchange
-    def _collector(self, method: str) -> Collector | None:
-        if self._collectors is None:
-            self._collectors = {
-                name: spec.resolved()[1] for name, spec in remote_specs(self.cls).items()
-            }
-        return self._collectors.get(method)
-
-    def _mesh_for(self, calls: list[WorkerCall]) -> DeviceMesh:
-        # The mesh core collects with (twinkle_core.calls._mesh_for).
-        if len(calls) == self.device_mesh.world_size:
-            return self.device_mesh
-        return DeviceMesh.from_sizes(dp_size=len(calls))
-
-    def _submit_collective(self, method: str, calls: list[WorkerCall]) -> LocalPendingCall:
+    def _submit_collective(
+        self,
+        method: str,
+        calls: list[WorkerCall],
+        collector: Collector | None,
+        mesh: DeviceMesh,
+    ) -> LocalPendingCall:
         label = f"{self.class_name}.{method}"
         backend = self.backend
         if backend.broken is not None:  # an earlier exchange failed: neither run nor wait
@@ -153,11 +153,10 @@ class LocalWorkerGroup(WorkerGroup):
             for i, call in enumerate(calls)
             if call.rank == me and self.holds_worker
         }
-        collector = self._collector(method)
         op = getattr(collector, "reduce_op", None)
         try:
             if op in REDUCE_OPS:
-                return self._exchange_reduce(label, calls, mine, op)
+                return self._exchange_reduce(label, calls, mine, op, mesh)
             return self._exchange_gather(label, calls, mine)
         except ChannelError as exc:  # a peer died or stopped answering within the timeout
             return self._lost(label, calls, exc)
@@ -209,10 +208,10 @@ class LocalWorkerGroup(WorkerGroup):
         calls: list[WorkerCall],
         mine: dict[int, tuple[bool, Any]],
         op: str,
+        mesh: DeviceMesh,
     ) -> LocalPendingCall:
         """Sum/mean: share only failures and result specs, then all-reduce the numbers."""
         backend = self.backend
-        mesh = self._mesh_for(calls)
         reps = set(representatives(list(range(len(calls))), mesh))
         entries: dict[int, Any] = {}
         for i, (ok, value) in mine.items():

@@ -308,7 +308,14 @@ class RayWorkerGroup(WorkerGroup):
                 pass
 
     # ------------------------------------------------------------------ calls
-    def submit(self, method: str, calls: list[WorkerCall]) -> PendingCall:
+    def submit(
+        self,
+        method: str,
+        calls: list[WorkerCall],
+        *,
+        collector: Any = None,
+        device_mesh: Any = None,
+    ) -> PendingCall:
         has_remote = bool(getattr(self._local, "placeholders", False))
         self._local.placeholders = False
         if self.torn_down is not None:
