@@ -7,6 +7,11 @@ VENVS="${TWINKLE_VENVS:-$PWD/.venvs}"
 # torch is pinned here (and only here): 2.13.0 is the CPU build this project tests with.
 # Users elsewhere keep their own torch; the packages only ask for torch>=2.2.
 TORCH_SPEC="${TWINKLE_TORCH_SPEC:-torch==2.13.0}"
+# Elsewhere, point this at PyTorch's CPU wheel index to avoid downloading a CUDA build.
+TORCH_INDEX=()
+if [ -n "${TWINKLE_TORCH_INDEX_URL:-}" ]; then
+  TORCH_INDEX=(--extra-index-url "$TWINKLE_TORCH_INDEX_URL")
+fi
 DEV_DEPS=(pytest hypothesis ruff "setuptools>=70" wheel)
 
 log() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
@@ -39,7 +44,7 @@ ensure_env() {
   "${pip[@]}" "${DEV_DEPS[@]}" "${extra[@]}"
   local torch_req=()
   if [ "$torch" = yes ]; then torch_req=("$TORCH_SPEC"); fi
-  "${pip[@]}" "${DEV_DEPS[@]}" "${extra[@]}" "${torch_req[@]}"
+  "${pip[@]}" "${TORCH_INDEX[@]}" "${DEV_DEPS[@]}" "${extra[@]}" "${torch_req[@]}"
   local args=()
   if [ "$installed" = yes ]; then
     "${pip[@]}" --force-reinstall --no-deps "${pkgs[@]}"
