@@ -70,6 +70,10 @@ def _is_small(value: Any) -> bool:
     return isinstance(value, (str, bytes)) and len(value) < 1024
 
 
+#: After the first failure of a call, how long to look for other ranks failing at the same time.
+FAILURE_GRACE_SECONDS = 0.25
+
+
 class Shipper:
     """Puts each object shared by several workers' arguments into the object store once.
 
@@ -80,9 +84,7 @@ class Shipper:
     """
 
     def __init__(self, per_call: list[tuple[tuple, dict]]) -> None:
-        self.counts = Counter(
-            id(v) for args, kwargs in per_call for v in (*args, *kwargs.values())
-        )
+        self.counts = Counter(id(v) for args, kwargs in per_call for v in (*args, *kwargs.values()))
         self.refs: dict[int, ray.ObjectRef] = {}
         self.puts = 0
 
@@ -154,6 +156,22 @@ class RayPendingCall(PendingCall):
                 except Exception as exc:
                     failed.append(index[ref])
                     failures.append(self.workers.failure(self.ranks[index[ref]], exc))
+            if failures and remaining:
+                # Ranks failing together (a bad batch, a shared bug) usually fail within
+                # milliseconds of each other: a short, bounded look lets the error list them
+                # all, as the in-process reference does, without waiting for the others.
+                late, remaining = ray.wait(
+                    remaining,
+                    num_returns=len(remaining),
+                    timeout=FAILURE_GRACE_SECONDS,
+                    fetch_local=False,
+                )
+                for ref in late:
+                    try:
+                        values[index[ref]] = ray.get(ref)
+                    except Exception as exc:
+                        failed.append(index[ref])
+                        failures.append(self.workers.failure(self.ranks[index[ref]], exc))
             if failures:
                 self._mark_handled(failed)
                 self._failures = sorted(failures, key=lambda f: f.rank)
