@@ -7,8 +7,6 @@ uncaught failure; the fake robot from tests/notify_dingtalk runs as another proc
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -21,6 +19,7 @@ pytest.importorskip("twinkle_notify_dingtalk", reason="twinkle-notify-dingtalk i
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "notify_dingtalk"))
 from fake_dingtalk import SECRET, TOKEN, read_log, start_process
+from jobs import run_job
 
 DRIVER = textwrap.dedent(
     """
@@ -62,25 +61,11 @@ def test_four_failing_actors_send_exactly_one_message(tmp_path):
             no_proxy="127.0.0.1,localhost",
         )
         env.pop("RAY_ADDRESS", None)  # never attach to another cluster on this machine
-        proc = subprocess.Popen(
-            [sys.executable, str(driver)],
-            cwd=tmp_path,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-        )
-        try:
-            out, _ = proc.communicate(timeout=240)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            out, _ = proc.communicate()
-            pytest.fail(f"Ray driver did not finish:\n{out[-4000:]}")
+        code, out = run_job([sys.executable, str(driver)], cwd=tmp_path, env=env, timeout=240)
     finally:
         server.terminate()
         server.wait(10)
-    assert proc.returncode == 1, out[-3000:]  # the uncaught failure ends the driver
+    assert code == 1, out[-3000:]  # the uncaught failure ends the driver
     assert "LEAKED [[], [], [], []]" in out, out[-3000:]  # no secret reached an actor
     requests = read_log(str(tmp_path / "robot.jsonl"))
     assert len(requests) == 1, (requests, out[-3000:])

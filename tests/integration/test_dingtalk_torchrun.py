@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -22,6 +20,7 @@ pytest.importorskip("twinkle_notify_dingtalk", reason="twinkle-notify-dingtalk i
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "notify_dingtalk"))
 from fake_dingtalk import SECRET, TOKEN, read_log, start_process
+from jobs import run_job
 
 DRIVER = textwrap.dedent(
     """
@@ -75,25 +74,11 @@ def test_two_failing_ranks_send_exactly_one_message(tmp_path, delay):
             "--nproc_per_node=2",
             str(driver),
         ]
-        proc = subprocess.Popen(
-            cmd,
-            cwd=tmp_path,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-        )
-        try:
-            out, _ = proc.communicate(timeout=180)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            out, _ = proc.communicate()
-            pytest.fail(f"torchrun job did not finish:\n{out[-4000:]}")
+        code, out = run_job(cmd, cwd=tmp_path, env=env, timeout=180)
     finally:
         server.terminate()
         server.wait(10)
-    assert proc.returncode != 0, out[-3000:]  # the uncaught failure ends the job
+    assert code != 0, out[-3000:]  # the uncaught failure ends the job
     assert out.count("LEAKED [[], []]") == 2, out[-3000:]  # from_env() took the secrets out
     requests = read_log(str(tmp_path / "robot.jsonl"))
     assert len(requests) == 1, (requests, out[-3000:])

@@ -4,38 +4,23 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from jobs import run_job
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "rl_pipeline.py"
 STEPS = "4"
 
 
-def run(cmd: list[str], timeout: float = 300) -> subprocess.CompletedProcess:
-    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", PYTHONUNBUFFERED="1")
+def run(cmd: list[str], timeout: float = 300) -> str:
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
     env.pop("RAY_ADDRESS", None)
-    proc = subprocess.Popen(
-        cmd,
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        pytest.fail(f"{cmd} did not finish in {timeout}s:\n{out[-4000:]}")
-    assert proc.returncode == 0, out[-4000:]
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, "")
+    code, out = run_job(cmd, cwd=ROOT, env=env, timeout=timeout)
+    assert code == 0, out[-4000:]
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -50,8 +35,8 @@ def tables(tmp_path_factory):
     out = {}
     for mode, cmd in commands.items():
         path = folder / f"{mode}.json"
-        result = run([*cmd, "--steps", STEPS, "--out", str(path)])
-        out[mode] = (json.loads(path.read_text())["steps"], result.stdout)
+        stdout = run([*cmd, "--steps", STEPS, "--out", str(path)])
+        out[mode] = (json.loads(path.read_text())["steps"], stdout)
     return out
 
 
