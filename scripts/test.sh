@@ -17,8 +17,10 @@ rm -rf "$REPORTS" && mkdir -p "$REPORTS"
 unset RAY_ADDRESS
 export RAY_USAGE_STATS_ENABLED=0
 
+RAN_PYTEST=0
 run_pytest() {  # run_pytest VENV SUITE PATH...
   local venv=$1 suite=$2; shift 2
+  RAN_PYTEST=$((RAN_PYTEST + 1))
   log "tests: $suite ($*)"
   # The pytest script (not `python -m pytest`) keeps the repository root off sys.path.
   "$VENVS/$venv/bin/pytest" "$@" --junitxml="$REPORTS/$suite.xml"
@@ -27,10 +29,11 @@ run_pytest() {  # run_pytest VENV SUITE PATH...
 for suite in "${SUITES[@]}"; do
   case "$suite" in
     lint)
-      ensure_env core ./twinkle_core
-      log "ruff"
-      "$VENVS/core/bin/ruff" check twinkle_core twinkle_local twinkle_ray \
-        twinkle_notify_dingtalk tests examples benchmarks
+      ensure_env lint ./twinkle_core -- mypy
+      log "ruff (every package) and mypy (twinkle-core's public API)"
+      "$VENVS/lint/bin/ruff" check twinkle_core twinkle_local twinkle_ray \
+        twinkle_notify_dingtalk tests examples benchmarks scripts
+      (cd twinkle_core && "$VENVS/lint/bin/mypy" twinkle_core)
       ;;
     docs)
       ensure_env docs ./twinkle_core -- mkdocs "mkdocstrings[python]"
@@ -62,4 +65,6 @@ for suite in "${SUITES[@]}"; do
   esac
 done
 
-"$PYTHON" scripts/summarize_tests.py "$REPORTS"
+if [ "$RAN_PYTEST" -gt 0 ]; then
+  "$PYTHON" scripts/summarize_tests.py "$REPORTS"
+fi

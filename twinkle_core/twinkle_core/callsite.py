@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass
+from types import FrameType
 
 # Frames from these packages are twinkle's plumbing, never the user's call site.
 _INTERNAL_PREFIXES = ("twinkle_core", "twinkle_local", "twinkle_ray", "twinkle_notify_dingtalk")
@@ -35,7 +36,7 @@ def _is_internal(frame) -> bool:
 
 def user_call_site(skip: int = 1) -> CallSite:
     """The innermost frame outside twinkle's packages, starting `skip` frames above the caller."""
-    frame = sys._getframe(skip)
+    frame: FrameType | None = sys._getframe(skip)
     while frame is not None and _is_internal(frame):
         frame = frame.f_back
     if frame is None:

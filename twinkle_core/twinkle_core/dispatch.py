@@ -45,7 +45,9 @@ class AllDispatcher(Dispatcher):
 
     name = "all"
 
-    def dispatch(self, args, kwargs, n_workers, device_mesh):
+    def dispatch(
+        self, args: tuple, kwargs: dict, n_workers: int, device_mesh: DeviceMesh
+    ) -> WorkerArgs:
         return [(args, kwargs) for _ in range(n_workers)]
 
 
@@ -61,7 +63,9 @@ class SliceDispatcher(Dispatcher):
 
     name = "slice"
 
-    def dispatch(self, args, kwargs, n_workers, device_mesh):
+    def dispatch(
+        self, args: tuple, kwargs: dict, n_workers: int, device_mesh: DeviceMesh
+    ) -> WorkerArgs:
         def share(value: Any, i: int) -> Any:
             if isinstance(value, list):
                 return value[_even_slice(len(value), n_workers, i)]
@@ -86,7 +90,9 @@ class SliceDPDispatcher(Dispatcher):
 
     name = "slice_dp"
 
-    def dispatch(self, args, kwargs, n_workers, device_mesh):
+    def dispatch(
+        self, args: tuple, kwargs: dict, n_workers: int, device_mesh: DeviceMesh
+    ) -> WorkerArgs:
         if device_mesh.world_size != n_workers:
             raise ConfigurationError(
                 f"slice_dp: the device mesh has {device_mesh.world_size} ranks but the call goes "

@@ -130,6 +130,7 @@ class InProcessBackend(ExecutionBackend):
         num_workers: int,
     ) -> WorkerGroup:
         config = self.config
+        assert config is not None, "initialize() runs before create_workers()"
         instances, contexts, states, placements = [], [], [], []
         driver_state = get_rng_state()
         try:

@@ -39,8 +39,8 @@ class LazyCollect:
         #: What produced this value, for backends that hand results between groups without
         #: fetching them to the driver (a `twinkle_core.calls.CallSource`, or None).
         self.source = source
-        self._resolve = resolve
-        self._is_done = is_done
+        self._resolve: Callable[[float | None], Any] | None = resolve
+        self._is_done: Callable[[], bool] | None = is_done
         self._describe = describe
         self._value: Any = _UNSET
         self._error: BaseException | None = None
@@ -64,8 +64,10 @@ class LazyCollect:
             if self._error is not None:
                 raise self._error
             if self._value is _UNSET:
+                resolve = self._resolve
+                assert resolve is not None  # cleared only once a value is cached
                 try:
-                    self._value = self._resolve(timeout)
+                    self._value = resolve(timeout)
                 except TimeoutError:
                     raise  # not final: the caller may wait again
                 except BaseException as exc:

@@ -137,7 +137,7 @@ def remote_class(_cls: T | None = None, *, execute: str = "all") -> Any:
                 return
             _bind(self, cls, execute, remote_group, device_mesh, args, kwargs)
 
-        cls.__init__ = __init__
+        setattr(cls, "__init__", __init__)  # noqa: B010 - mypy rejects assigning a method
         setattr(cls, CLASS_ATTR, {"execute": execute})
         if "__iter__" in cls.__dict__ and "__next__" in cls.__dict__:
             iter_fn = cls.__dict__["__iter__"]
@@ -145,9 +145,9 @@ def remote_class(_cls: T | None = None, *, execute: str = "all") -> Any:
             def _twinkle_restart_iteration(self) -> None:
                 iter_fn(self)  # the worker keeps its iterator; nothing travels back
 
-            cls._twinkle_restart_iteration = _twinkle_restart_iteration
-            cls.__iter__ = _remote_iter(iter_fn)
-            cls.__next__ = _remote_next(cls.__dict__["__next__"])
+            setattr(cls, "_twinkle_restart_iteration", _twinkle_restart_iteration)  # noqa: B010
+            setattr(cls, "__iter__", _remote_iter(iter_fn))  # noqa: B010
+            setattr(cls, "__next__", _remote_next(cls.__dict__["__next__"]))  # noqa: B010
         return cls
 
     if _cls is not None:
