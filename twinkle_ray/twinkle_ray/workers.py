@@ -61,6 +61,21 @@ DEATH_ERRORS: tuple[type[BaseException], ...] = (
 
 log = logging.getLogger("twinkle")
 
+
+def how_it_died(exc: BaseException) -> str:
+    """Words for a death error: a lost node reads differently from a crashed process.
+
+    An actor whose node is killed without warning first shows as unreachable
+    (`ActorUnavailableError`, about 2 s after the loss, while the cluster still lists the node
+    as alive for a while); with `max_restarts=0` it never comes back, so it counts as dead.
+    """
+    text = str(exc)
+    if isinstance(exc, rex.NodeDiedError) or "node has died" in text or "node died" in text:
+        return "died with its node"
+    if isinstance(exc, rex.ActorUnavailableError):
+        return "died or became unreachable (its process or its whole node is gone)"
+    return "died"
+
 _SMALL = (type(None), bool, int, float, complex)
 
 
@@ -287,7 +302,8 @@ class RayWorkerGroup(WorkerGroup):
             )
             died = WorkerDiedError(
                 f"worker rank {rank} of group {self.group.name!r} ({self.class_name}) on node "
-                f"{node or '?'} died ({type(exc).__name__}: {reason[:300]}); {after}"
+                f"{node or '?'} {how_it_died(exc)} ({type(exc).__name__}: {reason[:300]}); "
+                f"{after}"
             )
             return RankFailure(rank, died, node, str(exc))
         if isinstance(exc, rex.RayTaskError):

@@ -1,0 +1,142 @@
+"""Losing a node: a throwaway node joins the session cluster, a group spans it and the two
+session nodes, and the node is killed without warning (its raylet and every process on it, as
+when a machine drops off the network). The driver's blocking call must raise `WorkerDiedError`
+naming group, rank and node within seconds, the whole group is torn down, and `shutdown()`
+leaves nothing of the run behind."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import pytest
+import ray
+import ray.cloudpickle
+
+from twinkle_core import (
+    DeviceGroup,
+    WorkerDiedError,
+    get_worker_context,
+    initialize,
+    remote_class,
+    remote_function,
+    shutdown,
+)
+
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+RUN = "node-death"
+
+
+@remote_class()
+class Sleeper:
+    def __init__(self) -> None:
+        pass
+
+    @remote_function(dispatch="all", collect="none")
+    def where(self):
+        return ray.get_runtime_context().get_node_id(), os.getpid(), get_worker_context().rank
+
+    @remote_function(dispatch="all", collect="none")
+    def nap(self, seconds):
+        time.sleep(seconds)
+        return get_worker_context().rank
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _leftovers() -> tuple[list, list]:
+    """Placement groups and actors of this run that Ray still holds."""
+    pgs = [
+        p["name"]
+        for p in ray.util.placement_group_table().values()
+        if p["name"].startswith(RUN) and p["state"] != "REMOVED"
+    ]
+    actors = [
+        a["name"]
+        for a in ray.util.list_named_actors(all_namespaces=True)
+        if a["name"].startswith(RUN)
+    ]
+    return pgs, actors
+
+
+def test_lost_node_raises_worker_died_tears_down_the_group_and_leaves_nothing(
+    cluster, no_runtime
+):
+    node = cluster.add_node(num_cpus=2, num_gpus=2, object_store_memory=80 * 1024 * 1024)
+    removed = False
+    try:
+        cluster.wait_for_nodes(timeout=60)
+        initialize(
+            "ray",
+            address=cluster.address,
+            nproc_per_node=2,
+            groups=[
+                DeviceGroup("spread", [0, 2, 4], "cuda"),
+                DeviceGroup("idle", [1, 3, 5], "cuda"),
+            ],
+            name=RUN,
+        )
+        spread = Sleeper(remote_group="spread")
+        idle = Sleeper(remote_group="idle")  # no call in flight when the node goes
+        idle_rank = [r for node_id, _, r in idle.where()() if node_id == node.node_id]
+        where = spread.where()()
+        doomed = [rank for node_id, _, rank in where if node_id == node.node_id]
+        assert len(doomed) == 1, f"one rank must sit on the throwaway node: {where}"
+        rank = doomed[0]
+        label = spread.__dict__["_twinkle_binding"].workers.placements[rank].node
+        assert label.endswith(node.node_id[:8])
+        survivors = [pid for node_id, pid, _ in where if node_id != node.node_id]
+
+        lazy = spread.nap(120)
+        time.sleep(0.5)  # the call is running everywhere
+        cluster.remove_node(node, allow_graceful=False)  # SIGKILL: no goodbye to the GCS
+        removed = True
+        start = time.monotonic()
+        with pytest.raises(WorkerDiedError) as info:
+            lazy(timeout=60)
+        took = time.monotonic() - start
+        print(f"node death detected in {took:.2f}s: {info.value}")
+        assert took < 30.0
+        message = str(info.value)
+        assert f"rank {rank} of group 'spread'" in message and label in message
+        assert "tore down the whole group" in message
+        assert "unreachable" in message or "died with its node" in message
+        # The survivors on the healthy nodes were killed too; new calls fail at once.
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and any(_alive(p) for p in survivors):
+            time.sleep(0.1)
+        assert not any(_alive(p) for p in survivors)
+        start = time.monotonic()
+        with pytest.raises(WorkerDiedError, match="was torn down"):
+            spread.where()()
+        assert time.monotonic() - start < 1.0
+        # A group with no call in flight learns of the loss at its next call, just as fast.
+        start = time.monotonic()
+        with pytest.raises(WorkerDiedError) as info:
+            idle.where()(timeout=60)
+        print(f"idle group: {time.monotonic() - start:.2f}s: {info.value}")
+        assert time.monotonic() - start < 30.0
+        assert f"rank {idle_rank[0]} of group 'idle'" in str(info.value)
+    finally:
+        shutdown()
+        if not removed:
+            cluster.remove_node(node, allow_graceful=False)
+    # Nothing of the run survives its shutdown, even the placement group of the lost node.
+    ray.init(address=cluster.address)
+    try:
+        deadline = time.monotonic() + 20
+        left = _leftovers()
+        while time.monotonic() < deadline and left != ([], []):
+            time.sleep(0.2)
+            left = _leftovers()
+        assert left == ([], [])
+    finally:
+        ray.shutdown()
