@@ -78,6 +78,42 @@ class Probe:
         return [float(value.item()), world, int(os.environ["MASTER_PORT"])]
 
 
+@pytest.mark.parametrize(
+    ("visible", "error", "words"),
+    [
+        ([1, 4], "ClusterResourceError", ["visible_devices[1]=4", "holds only cuda devices"]),
+        ([2, 2], "ConfigurationError", ["visible_devices[1]=2", "device rank 0 of the same group"]),
+        ([0, -1], "ConfigurationError", ["visible_devices[1]=-1", "non-negative integer"]),
+    ],
+)
+def test_visible_devices_the_node_does_not_hold_fail_at_initialize(
+    cluster, no_runtime, visible, error, words
+):
+    # Runs before the module's run exists. Both ranks sit on the first node (4 GPUs, ids 0-3).
+    with pytest.raises(Exception) as info:
+        initialize(
+            "ray",
+            address=cluster.address,
+            nproc_per_node=4,
+            groups=[DeviceGroup("pinned", [0, 1], "cuda", visible_devices=visible)],
+            name="bad-visible",
+            placement_timeout=20,
+        )
+    assert type(info.value).__name__ == error
+    message = str(info.value)
+    assert "DeviceGroup 'pinned'" in message and all(w in message for w in words), message
+    ray.init(address=cluster.address)  # twinkle disconnected: look from a fresh driver
+    try:
+        pgs = [
+            p
+            for p in ray.util.placement_group_table().values()
+            if p["name"].startswith("bad-visible") and p["state"] != "REMOVED"
+        ]
+    finally:
+        ray.shutdown()
+    assert pgs == []  # the placement groups reserved before the check were removed
+
+
 @pytest.fixture(scope="module")
 def run(cluster):
     initialize(
@@ -88,6 +124,8 @@ def run(cluster):
             DeviceGroup("gpu", [0, 1, 4, 5], "cuda"),
             DeviceGroup("wide", [2, 3, 6, 7], "cuda", gpus_per_worker=2),
             DeviceGroup("npu", [3, 4], "npu"),
+            # Pinned by the user: device ranks 1 and 4 would be devices 1 and 0 by default.
+            DeviceGroup("pinned", [1, 4, 5], "cuda", visible_devices=[3, 2, 0]),
         ],
         name="multinode",
     )
@@ -96,6 +134,7 @@ def run(cluster):
             "gpu": Probe(remote_group="gpu"),
             "wide": Probe(remote_group="wide"),
             "npu": Probe(remote_group="npu"),
+            "pinned": Probe(remote_group="pinned"),
         }
     finally:
         shutdown()
@@ -148,6 +187,19 @@ def test_npu_like_resource_sets_its_own_visibility_variable(run, cluster):
     assert [i["node_id"] for i in info] == nodes
     assert [i["env"]["ASCEND_RT_VISIBLE_DEVICES"] for i in info] == ["3", "0"]
     assert [i["env"]["CUDA_VISIBLE_DEVICES"] for i in info] == [None, None]
+
+
+def test_visible_devices_pin_each_worker_to_those_physical_devices(run, cluster):
+    nodes = _node_order(cluster)
+    info = run["pinned"].where()()
+    assert [i["node_id"] for i in info] == [nodes[0], nodes[1], nodes[1]]
+    assert [i["env"]["CUDA_VISIBLE_DEVICES"] for i in info] == ["3", "2", "0"]
+    assert [i["devices"] for i in info] == [[0], [0], [0]]  # as torch sees them
+    assert [p.devices for p in _placements(run["pinned"])] == [(3,), (2,), (0,)]
+    text = get_device_placement()
+    section = text[text.index("group pinned") :]
+    for rank, (p, device) in enumerate(zip(_placements(run["pinned"]), (3, 2, 0), strict=True)):
+        assert f"rank {rank}   node {p.node}  device cuda:{device} " in section, section
 
 
 def test_device_placement_shows_the_physical_mapping(run):

@@ -145,6 +145,7 @@ class ResourceManager:
                         )
             self.npn[dt] = npn
             plan[dt] = (resource, npn, eligible[:n_nodes])
+            self._check_visible_devices(dt, [(n, None) for n in eligible[:n_nodes]], resource)
         return plan
 
     def _cannot(self, asked: str, why: str, nodes: list[NodeInfo], *res: str) -> Exception:
@@ -277,6 +278,56 @@ class ResourceManager:
                     f"{node_id[:8]} instead of {res.node.label}"
                 )
             res.devices = devices
+        for dt, reservations in self.reservations.items():
+            self._check_visible_devices(
+                dt, [(r.node, r.devices) for r in reservations], reservations[0].resource
+            )
+
+    def _check_visible_devices(
+        self, device_type: str, nodes: list[tuple[NodeInfo, list[int] | None]], resource: str
+    ) -> None:
+        """`visible_devices` must name devices this run holds on each worker's node, once each.
+
+        Ray hands a placement group some of a node's devices (all of them when
+        `nproc_per_node` equals the node's count); pinning a worker to any other device
+        would share it with whoever holds it, so that is an error, not a silent overlap.
+        `nodes` are the run's nodes for `device_type` in rank order, each with the device ids
+        the run holds there, or None before they are known (the plan checks ids and
+        duplicates before anything is reserved; the held ids are checked once discovered).
+        """
+        npn = self.npn[device_type]
+        for group in self.groups.values():
+            if group.device_type != device_type or group.visible_devices is None:
+                continue
+            g = group.gpus_per_worker
+            used: dict[tuple[str, int], int] = {}
+            for w in range(group.num_workers):
+                ranks = group.worker_ranks(w)
+                node, held = nodes[ranks[0] // npn]
+                for i, rank in enumerate(ranks):
+                    device = group.visible_devices[w * g + i]
+                    where = (
+                        f"DeviceGroup {group.name!r}: visible_devices[{w * g + i}]={device!r} "
+                        f"(device rank {rank}, worker {w}) is on node {node.label}"
+                    )
+                    if isinstance(device, bool) or not isinstance(device, int) or device < 0:
+                        raise ConfigurationError(
+                            f"{where}, but a device id must be a non-negative integer such as 0"
+                        )
+                    if held is not None and device not in held:
+                        raise ClusterResourceError(
+                            f"{where}, but this run holds only {device_type} devices {held} "
+                            f"there (the node has {node.amount(resource):g} {resource}); give "
+                            "each rank one of those ids, or set nproc_per_node to the node's "
+                            "device count so the run holds all of them"
+                        )
+                    key = (node.node_id, device)
+                    if key in used:
+                        raise ConfigurationError(
+                            f"{where}, where device rank {used[key]} of the same group already "
+                            "uses it; give every rank of a group its own device"
+                        )
+                    used[key] = rank
 
     # ------------------------------------------------------------------ slots
     def slots(self, group: DeviceGroup, num_workers: int) -> list[WorkerSlot]:
@@ -308,7 +359,8 @@ class ResourceManager:
             res = reservations[ranks[0] // npn]
             if group.visible_devices is not None:
                 g = group.gpus_per_worker
-                devices = tuple(int(d) for d in group.visible_devices[w * g : (w + 1) * g])
+                # Pinned by the user (checked against the node in `_check_visible_devices`).
+                devices = tuple(group.visible_devices[w * g : (w + 1) * g])
             else:
                 devices = tuple(res.devices[r % npn] for r in ranks)
             cpu = float(res.pg.bundle_specs[0].get("CPU", 0.0))
