@@ -81,11 +81,15 @@ def test_lost_node_raises_worker_died_tears_down_the_group_and_leaves_nothing(
             groups=[
                 DeviceGroup("spread", [0, 2, 4], "cuda"),
                 DeviceGroup("idle", [1, 3, 5], "cuda"),
+                DeviceGroup("phoenix", [0, 2, 4], "cuda"),
             ],
+            restart=["phoenix"],
+            placement_timeout=6,  # also bounds a restart's actors coming up
             name=RUN,
         )
         spread = Sleeper(remote_group="spread")
         idle = Sleeper(remote_group="idle")  # no call in flight when the node goes
+        phoenix = Sleeper(remote_group="phoenix")  # restartable, but its node is gone
         idle_rank = [r for node_id, _, r in idle.where()() if node_id == node.node_id]
         where = spread.where()()
         doomed = [rank for node_id, _, rank in where if node_id == node.node_id]
@@ -125,6 +129,20 @@ def test_lost_node_raises_worker_died_tears_down_the_group_and_leaves_nothing(
         print(f"idle group: {time.monotonic() - start:.2f}s: {info.value}")
         assert time.monotonic() - start < 30.0
         assert f"rank {idle_rank[0]} of group 'idle'" in str(info.value)
+        # A restartable group cannot come back on a lost node: its restart fails within
+        # placement_timeout (the node still looks alive for a while), the death is raised
+        # saying so, and the group stays torn down.
+        start = time.monotonic()
+        with pytest.raises(WorkerDiedError) as info:
+            phoenix.where()(timeout=60)
+        took = time.monotonic() - start
+        notes = "\n".join(getattr(info.value, "__notes__", []))
+        print(f"restart after the loss failed in {took:.2f}s: {notes}")
+        assert took < 30.0
+        assert "restarting group 'phoenix' failed, so it stays torn down" in notes
+        assert "node is most likely gone" in notes
+        with pytest.raises(WorkerDiedError, match="its restart failed"):
+            phoenix.where()()
     finally:
         shutdown()
         if not removed:

@@ -18,6 +18,7 @@ import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from twinkle_core import (
+    CallTimeoutError,
     DeviceGroup,
     DeviceMesh,
     ExecutionBackend,
@@ -34,7 +35,7 @@ from .actor import ActorBoot, TwinkleActor, flatten_call
 from .cluster import ClusterConnection
 from .envvars import passthrough_patterns, select
 from .options import RayOptions
-from .resources import ResourceManager, ceil_cpus, ray_request
+from .resources import ClusterResourceError, ResourceManager, ceil_cpus, ray_request
 from .transfer import register_tensor_serializer, reset_tensor_serializer
 from .workers import RayPendingCall, RayWorkerGroup, Shipper
 
@@ -201,9 +202,19 @@ class RayBackend(ExecutionBackend):
         self.worker_groups.append(workers)
 
         def spawn(generation: int) -> None:
+            timeout = hello_timeout = opts.start_timeout
+            if generation:
+                # A restart reuses the group's placement groups: they must still stand, and
+                # an actor that cannot start in a bundle already held means its node is gone
+                # (a node killed without warning still looks alive for ~15 s): its start is
+                # bounded by placement_timeout; the user's constructor keeps start_timeout.
+                resources.check_standing(group.name, slots)
+                hello_timeout = min(timeout, opts.placement_timeout)
             workers.handles = self._spawn(cls, group, slots, f"{instance}.{generation}")
             try:
-                self._start(workers, slots, cls, args, kwargs, config, opts.start_timeout)
+                self._start(
+                    workers, slots, cls, args, kwargs, config, timeout, hello_timeout
+                )
             except BaseException:
                 workers.teardown("its start-up failed")
                 raise
@@ -257,8 +268,14 @@ class RayBackend(ExecutionBackend):
             handles.append(actor_class().options(**options).remote(boot))
         return handles
 
-    def _start(self, workers, slots, cls, args, kwargs, config, timeout) -> None:
-        """Check every actor landed as planned, then build the user's object in each."""
+    def _start(
+        self, workers, slots, cls, args, kwargs, config, timeout, hello_timeout=None
+    ) -> None:
+        """Check every actor landed as planned, then build the user's object in each.
+
+        The whole start is bounded by `timeout`; the actors' coming up (before the user's
+        constructor runs) by `hello_timeout` when given.
+        """
         deadline = time.monotonic() + timeout
         hello = RayPendingCall(
             workers,
@@ -268,7 +285,16 @@ class RayBackend(ExecutionBackend):
             [],
         )
         port_ref = workers.handles[0].free_port.remote()
-        _raise_first(hello, timeout, "start")
+        try:
+            _raise_first(hello, min(timeout, hello_timeout or timeout), "start")
+        except CallTimeoutError as exc:
+            if hello_timeout is None or hello_timeout >= timeout:
+                raise
+            raise ClusterResourceError(
+                f"the actors of group {workers.group.name!r} ({workers.class_name}) did not "
+                f"start within placement_timeout={hello_timeout:g}s in the bundles the run "
+                f"already holds, so their node is most likely gone ({exc})"
+            ) from None
         master = ray.get(port_ref, timeout=max(1.0, deadline - time.monotonic()))
         shipper = Shipper([(args, kwargs), (args, kwargs)])  # every worker: one copy
         kwnames, values = flatten_call(*shipper.ship_call(args, kwargs))

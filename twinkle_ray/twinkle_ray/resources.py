@@ -397,6 +397,27 @@ class ResourceManager:
             )
         return slots
 
+    def check_standing(self, group: str, slots: list[WorkerSlot]) -> None:
+        """Raise if a node or placement group holding `slots` is gone (before a restart)."""
+        alive = {n.node_id for n in live_nodes()}
+        lost = []
+        for slot in slots:
+            try:
+                state = placement_group_table(slot.pg).get("state", "?")
+            except Exception:  # the placement group is unknown to the cluster
+                state = "unknown"
+            if slot.node.node_id not in alive or state != "CREATED":
+                lost.append(
+                    f"rank {slot.rank} on node {slot.node.label} "
+                    f"({'node alive' if slot.node.node_id in alive else 'node dead'}, "
+                    f"placement group {state})"
+                )
+        if lost:
+            raise ClusterResourceError(
+                f"cannot restart group {group!r}: its reserved resources are gone: "
+                f"{'; '.join(lost)}; shut down and initialize again on the remaining nodes"
+            )
+
     # ------------------------------------------------------------------ release
     def release(self) -> None:
         """Remove every placement group this run created (idempotent)."""

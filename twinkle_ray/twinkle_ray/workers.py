@@ -321,14 +321,19 @@ class RayWorkerGroup(WorkerGroup):
         if not died or self.torn_down is not None:
             return
         first = died[0]
-        self.teardown(f"rank {first.rank} on node {first.node or '?'} died")
+        reason = f"rank {first.rank} on node {first.node or '?'} died"
+        self.teardown(reason)
         if self.restarter is not None:
             self.restarts += 1
             try:
                 self.restarter(self.restarts)
             except Exception as exc:  # the group stays torn down; the death is still raised
-                self.torn_down = f"{self.torn_down}, and its restart failed: {exc}"
+                self.torn_down = f"{reason}, and its restart failed: {exc}"
                 log.error("twinkle: restarting group %r failed: %s", self.group.name, exc)
+                first.exception.add_note(
+                    f"twinkle: restarting group {self.group.name!r} failed, so it stays torn "
+                    f"down: {type(exc).__name__}: {exc}"
+                )
                 return
             self.torn_down = None
 
