@@ -1,6 +1,8 @@
 """A simulated two-node cluster with fake GPUs and NPUs: ranks map to nodes and physical devices
-as planned, each actor sees exactly its devices and environment, and 4 actors across the two
-nodes form a gloo group (after rank 0 finds its probed port taken) and all-reduce."""
+as planned, each actor sees exactly its devices and environment, `visible_devices` pins workers
+to the physical ids asked for (and ids the run does not hold fail at initialize), and 4 actors
+across the two nodes form a gloo group (after rank 0 finds its probed port taken) and all-reduce.
+"""
 
 from __future__ import annotations
 
