@@ -65,6 +65,15 @@ def _loopback_only() -> Iterator[None]:
     """
     from ray._private import ray_constants
 
+    if not hasattr(ray_constants, "ENABLE_RAY_CLUSTER"):
+        # A Ray without this private switch: start as Ray decides (it may bind a non-loopback
+        # address) rather than fail.
+        log.warning(
+            "twinkle: this Ray cannot be kept on loopback; the embedded cluster may "
+            "listen on the machine's address"
+        )
+        yield
+        return
     saved = ray_constants.ENABLE_RAY_CLUSTER
     os.environ[ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR] = "0"
     ray_constants.ENABLE_RAY_CLUSTER = False
