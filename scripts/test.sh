@@ -54,8 +54,8 @@ for suite in "${SUITES[@]}"; do
       run_pytest local local tests/local
       ;;
     ray)
-      ensure_env full --torch ./twinkle_core ./twinkle_local ./twinkle_ray ./twinkle_notify_dingtalk
-      run_pytest full ray tests/ray
+      ensure_env ray --torch ./twinkle_core ./twinkle_local ./twinkle_ray
+      run_pytest ray ray tests/ray
       ;;
     integration)
       ensure_env full --torch ./twinkle_core ./twinkle_local ./twinkle_ray ./twinkle_notify_dingtalk
