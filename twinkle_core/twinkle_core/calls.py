@@ -6,6 +6,7 @@ create workers and run what they are told on them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,17 +84,28 @@ def target_ranks(execute: str, workers: WorkerGroup) -> list[int]:
     raise ConfigurationError(f"execute must be one of {EXECUTE_MODES}, got {execute!r}")
 
 
-def _resolve_lazy(value: Any, workers: WorkerGroup) -> Any:
+def replace_lazy(value: Any, resolve: Callable[[LazyCollect], Any]) -> Any:
+    """`value` with every LazyCollect in it (also in dicts, lists and tuples) replaced by
+    `resolve(lazy)`; containers without one are returned as they are, without copying."""
     if isinstance(value, LazyCollect):
-        return workers.resolve_argument(value)
+        return resolve(value)
     if isinstance(value, dict):
-        new = {k: _resolve_lazy(v, workers) for k, v in value.items()}
+        new = {k: replace_lazy(v, resolve) for k, v in value.items()}
         return new if any(new[k] is not value[k] for k in value) else value
     if type(value) in (list, tuple):
-        new_items = [_resolve_lazy(v, workers) for v in value]
+        new_items = [replace_lazy(v, resolve) for v in value]
         if any(a is not b for a, b in zip(new_items, value, strict=True)):
             return type(value)(new_items)
     return value
+
+
+def resolve_lazy_values(value: Any) -> Any:
+    """`value` with every LazyCollect in it replaced by its collected value."""
+    return replace_lazy(value, lambda lazy: lazy())
+
+
+def _resolve_lazy(value: Any, workers: WorkerGroup) -> Any:
+    return replace_lazy(value, workers.resolve_argument)
 
 
 def call_mesh(targets: list[int], workers: WorkerGroup) -> DeviceMesh:

@@ -126,16 +126,42 @@ def _add_note(exc: BaseException, note: str) -> None:
         exc.__notes__ = [*getattr(exc, "__notes__", []), note]
 
 
-def tag_exception(failure: RemoteFailure) -> BaseException:
-    """Prefix the raised exception with the call site and note what failed where."""
-    exc = failure.exception
-    tag = CALLER_TAG.format(site=failure.call_site)
+def _message_is_args0(exc: BaseException) -> bool:
+    """Whether the exception's text is exactly its single string argument, so prefixing that
+    argument changes the message and nothing else (not KeyError, OSError, multi-argument or
+    custom `__str__` exceptions)."""
     args = exc.args
-    if args and isinstance(args[0], str):
-        if not args[0].startswith(tag):
-            exc.args = (f"{tag} {args[0]}", *args[1:])
-    else:
-        exc.args = (tag, *args)
+    return (
+        len(args) == 1
+        and isinstance(args[0], str)
+        and type(exc).__str__ is BaseException.__str__
+    )
+
+
+def tag_call_site(exc: BaseException, site: object) -> BaseException:
+    """Put the driver call site on `exc`, keeping its type and its arguments' meaning.
+
+    The message is prefixed (`[twinkle driver caller: FILE:LINE] ...`) where the message is
+    just the exception's single string argument; every other shape (a `KeyError`'s key, an
+    `OSError`'s errno, several arguments, a custom `__str__`) gets the call site as a note.
+    """
+    tag = CALLER_TAG.format(site=site)
+    if _message_is_args0(exc):
+        if not exc.args[0].startswith(tag):
+            exc.args = (f"{tag} {exc.args[0]}",)
+        return exc
+    if not exc.args and type(exc).__str__ is BaseException.__str__:
+        exc.args = (tag,)
+        return exc
+    notes = getattr(exc, "__notes__", None) or []
+    if tag not in notes:
+        _add_note(exc, tag)
+    return exc
+
+
+def tag_exception(failure: RemoteFailure) -> BaseException:
+    """Tag the raised exception with the call site and note what failed where."""
+    exc = tag_call_site(failure.exception, failure.call_site)
     first = failure.distinct()[0][1][0]
     node = f" node {first.node}" if first.node else ""
     _add_note(

@@ -60,7 +60,14 @@ class LazyCollect:
         return self._get(timeout)
 
     def _get(self, timeout: float | None) -> Any:
-        with self._lock:
+        # Another thread may be resolving this call: wait for it no longer than `timeout`.
+        if not self._lock.acquire(timeout=-1 if timeout is None else max(timeout, 0.0)):
+            from .errors import CallTimeoutError
+
+            raise CallTimeoutError(
+                f"{self!r} did not finish within {timeout:g}s (another thread is collecting it)"
+            )
+        try:
             if self._error is not None:
                 raise self._error
             if self._value is _UNSET:
@@ -76,6 +83,8 @@ class LazyCollect:
                 self._resolve = None  # drop references to pending work
                 self._is_done = None
             return self._value
+        finally:
+            self._lock.release()
 
     def settle(self) -> BaseException | None:
         """Collect a finished call without counting as the user having looked at it.

@@ -7,7 +7,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from .calls import EXECUTE_MODES, MethodSpec, RemoteBinding, invoke
+from .calls import EXECUTE_MODES, MethodSpec, RemoteBinding, invoke, resolve_lazy_values
 from .callsite import user_call_site
 from .collect import Collector
 from .device_mesh import DeviceMesh
@@ -111,9 +111,12 @@ def remote_class(_cls: T | None = None, *, execute: str = "all") -> Any:
     """Let a class be constructed on a device group: `Model(..., remote_group='model')`.
 
     With `remote_group`, the object on the driver stands for one worker instance per rank of
-    the group (only the first with `execute='first'`); `device_mesh=` arranges them. The
-    class's own `__init__` never sees these arguments. Without `remote_group` it is an
-    ordinary local object.
+    the group (only the first with `execute='first'`); `device_mesh=` arranges them. A class
+    whose `__init__` declares a `device_mesh` parameter receives the object's mesh in every
+    worker (the one passed, by keyword or position, or the default twinkle builds for the
+    group); one that does not declare it never sees it. Without `remote_group` it is an
+    ordinary local object, which also receives `device_mesh` when it declares it (the mesh
+    passed, else a one-worker mesh).
     """
     if execute not in ("all", "first"):
         raise ConfigurationError(
@@ -124,18 +127,31 @@ def remote_class(_cls: T | None = None, *, execute: str = "all") -> Any:
         if not inspect.isclass(cls):
             raise ConfigurationError(f"@remote_class decorates classes, got {cls!r}")
         original_init = cls.__init__
+        mesh_signature = _signature_with_mesh(original_init)
 
         @functools.wraps(original_init)
         def __init__(self, *args, remote_group=None, device_mesh=None, **kwargs):
+            if mesh_signature is not None:
+                args, kwargs, device_mesh = _take_mesh(
+                    mesh_signature, self, args, kwargs, device_mesh
+                )
             if remote_group is None:
-                if device_mesh is not None:
-                    raise ConfigurationError(
-                        f"{cls.__name__}(device_mesh=...) needs remote_group=...: a mesh "
-                        "arranges the workers of a group"
-                    )
-                original_init(self, *args, **kwargs)
+                if mesh_signature is None:
+                    if device_mesh is not None:
+                        raise ConfigurationError(
+                            f"{cls.__name__}(device_mesh=...) needs remote_group=...: a mesh "
+                            f"arranges the workers of a group (or declare a device_mesh "
+                            f"parameter in {cls.__name__}.__init__ to receive it locally)"
+                        )
+                    original_init(self, *args, **kwargs)
+                    return
+                mesh = _check_mesh(cls, device_mesh) or DeviceMesh.from_sizes(dp_size=1)
+                original_init(self, *args, device_mesh=mesh, **kwargs)
                 return
-            _bind(self, cls, execute, remote_group, device_mesh, args, kwargs)
+            _bind(
+                self, cls, execute, remote_group, device_mesh, args, kwargs,
+                pass_mesh=mesh_signature is not None,
+            )
 
         setattr(cls, "__init__", __init__)  # noqa: B010 - mypy rejects assigning a method
         setattr(cls, CLASS_ATTR, {"execute": execute})
@@ -153,6 +169,50 @@ def remote_class(_cls: T | None = None, *, execute: str = "all") -> Any:
     if _cls is not None:
         return decorate(_cls)
     return decorate
+
+
+def _signature_with_mesh(init: Callable) -> inspect.Signature | None:
+    """The signature of `init` when it declares a `device_mesh` parameter, else None."""
+    try:
+        signature = inspect.signature(init)
+    except (TypeError, ValueError):  # builtins without a signature
+        return None
+    param = signature.parameters.get("device_mesh")
+    if param is None or param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+        return None
+    if param.kind is param.POSITIONAL_ONLY:
+        return None  # cannot be handed over by keyword; the class manages it itself
+    return signature
+
+
+def _take_mesh(
+    signature: inspect.Signature, obj: Any, args: tuple, kwargs: dict, given: Any
+) -> tuple[tuple, dict, Any]:
+    """Separate a mesh passed positionally from the other arguments.
+
+    Returns the arguments without the mesh and the mesh (the keyword one when given). When
+    the arguments do not fit the signature they are left alone, so the class's own
+    `__init__` raises its usual `TypeError`.
+    """
+    if given is not None:
+        return args, kwargs, given
+    try:
+        bound = signature.bind_partial(obj, *args, **kwargs)
+    except TypeError:
+        return args, kwargs, None
+    if "device_mesh" not in bound.arguments:
+        return args, kwargs, None
+    mesh = bound.arguments.pop("device_mesh")
+    return tuple(bound.args[1:]), dict(bound.kwargs), mesh
+
+
+def _check_mesh(cls: type, mesh: Any) -> DeviceMesh | None:
+    if mesh is not None and not isinstance(mesh, DeviceMesh):
+        raise ConfigurationError(
+            f"{cls.__name__}(device_mesh=...) must be a DeviceMesh, got {mesh!r}; build one "
+            f"with DeviceMesh.from_sizes(dp_size=...)"
+        )
+    return mesh
 
 
 def _iteration_spec(fn: Callable) -> MethodSpec:
@@ -204,6 +264,8 @@ def _bind(
     device_mesh: DeviceMesh | None,
     args: tuple,
     kwargs: dict,
+    *,
+    pass_mesh: bool = False,
 ) -> None:
     from .runtime import BoundClass, current_runtime
 
@@ -218,11 +280,8 @@ def _bind(
         mesh = runtime.config.global_device_mesh
         if mesh is None or mesh.world_size != num_workers:
             mesh = DeviceMesh.from_sizes(dp_size=num_workers)
-    elif not isinstance(device_mesh, DeviceMesh):
-        raise ConfigurationError(
-            f"{cls.__name__}(device_mesh=...) must be a DeviceMesh, got {device_mesh!r}"
-        )
     else:
+        _check_mesh(cls, device_mesh)
         mesh = device_mesh
     if sorted(mesh.ranks) != list(range(num_workers)):
         raise ConfigurationError(
@@ -232,6 +291,11 @@ def _bind(
         )
     for spec in remote_specs(cls).values():
         spec.resolved()  # unknown dispatcher/collector names fail here, not at the first call
+    # Constructor arguments are resolved here, once, for every backend: a LazyCollect (also
+    # inside lists, tuples and dicts) becomes its collected value.
+    args, kwargs = resolve_lazy_values((args, kwargs))
+    if pass_mesh:
+        kwargs = {**kwargs, "device_mesh": mesh}
     workers = runtime.backend.create_workers(
         cls, group, mesh, args, kwargs, num_workers=num_workers
     )

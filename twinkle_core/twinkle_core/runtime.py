@@ -8,6 +8,7 @@ import logging
 import os
 import threading
 import uuid
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,14 +54,21 @@ class BoundClass:
 
 
 class Runtime:
-    """The state of one `initialize()` ... `shutdown()` span."""
+    """The state of one `initialize()` ... `shutdown()` span.
+
+    Lock order (review note): `Runtime._lock` guards only the runtime's own lists and is never
+    held while calling other code (backends, hooks, notifiers, a LazyCollect's resolution).
+    A LazyCollect's own lock is held while it resolves, which may report a failure and so
+    take `Runtime._lock` briefly: the order is always LazyCollect -> Runtime, never the
+    reverse. `tests/core/test_runtime_locks.py` holds this.
+    """
 
     def __init__(self, config: RuntimeConfig, backend: ExecutionBackend) -> None:
         self.config = config
         self.backend = backend
         self.alerts = AlertQueue(config.notifier) if config.notifier is not None else None
         self.bound: list[BoundClass] = []
-        self._pending: list[LazyCollect] = []
+        self._pending: deque[LazyCollect] = deque()
         self._unobserved: list[tuple[LazyCollect, BaseException]] = []
         self._reported: set[str] = set()
         self._lock = threading.Lock()
@@ -109,34 +117,53 @@ class Runtime:
         except Exception:
             return False
 
+    #: How many tracked calls each new call looks at. Two or more keeps the list no longer
+    #: than the calls really in flight (each call retires at least as many as it adds), and a
+    #: constant keeps the cost per call independent of how many are pending.
+    SWEEP = 4
+
     def track(self, lazy: LazyCollect) -> None:
-        """Remember a call so its failure is reported even if nobody collects it."""
+        """Remember a call so its failure is reported even if nobody collects it.
+
+        Each new call looks at the oldest few tracked calls only: resolved ones are dropped,
+        finished ones settled (outside the lock: settling a failure reports it, which takes
+        the lock again), running ones go to the back.
+        """
+        finished = []
         with self._lock:
-            still = []
-            for item in self._pending:
+            pending = self._pending
+            for _ in range(min(self.SWEEP, len(pending))):
+                item = pending.popleft()
                 if item.resolved:
                     continue
-                if item.done() and self._known_ok(item):
-                    continue
                 if item.done():
-                    error = item.settle()
-                    if error is not None:
-                        self._unobserved.append((item, error))
-                    continue
-                still.append(item)
-            still.append(lazy)
-            self._pending = still
+                    finished.append(item)
+                else:
+                    pending.append(item)
+            pending.append(lazy)
+        self._settle(finished)
+
+    def _settle(self, items: list[LazyCollect]) -> None:
+        """Collect finished calls nobody collected; remember failures for the shutdown report.
+
+        Must be called without holding `self._lock`: a failure is reported through `report`.
+        """
+        for item in items:
+            if item.resolved or self._known_ok(item):
+                continue
+            error = item.settle()
+            if error is not None:
+                with self._lock:
+                    self._unobserved.append((item, error))
 
     def settle_all(self) -> None:
         """Report failures of calls that finished but were never collected by user code."""
         with self._lock:
-            pending, self._pending = self._pending, []
-        for item in pending:
-            if not item.resolved and item.done() and not self._known_ok(item):
-                error = item.settle()
-                if error is not None:
-                    self._unobserved.append((item, error))
-        for item, error in self._unobserved:
+            pending, self._pending = list(self._pending), deque()
+        self._settle([item for item in pending if not item.resolved and item.done()])
+        with self._lock:
+            unobserved, self._unobserved = self._unobserved, []
+        for item, error in unobserved:
             if not item.observed:
                 log.error(
                     "twinkle: %r failed and its result was never collected: %s: %s",
@@ -144,7 +171,6 @@ class Runtime:
                     type(error).__name__,
                     error,
                 )
-        self._unobserved = []
 
 
 _runtime: Runtime | None = None
