@@ -14,7 +14,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from twinkle_core.collect import MeanCollector, SumCollector
+from twinkle_core.plugin import MeanCollector, SumCollector
 from twinkle_local.numeric import numeric_spec, pack, same_spec, unpack
 
 Pair = namedtuple("Pair", "a b")

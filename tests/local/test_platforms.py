@@ -19,8 +19,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from twinkle_core import detect_platform, get_platform
-from twinkle_core.platform import AcceleratorPlatform
+from twinkle_core.plugin import AcceleratorPlatform, detect_platform, get_platform
 from twinkle_local.platforms import CudaPlatform, MpsPlatform, NpuPlatform, TorchCpuPlatform
 from twinkle_local.seeding import get_torch_rng_state, seed_torch, set_torch_rng_state
 

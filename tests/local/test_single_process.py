@@ -104,7 +104,9 @@ def test_failure_names_the_call_site_and_notifies_once():
         for _ in range(2):
             with pytest.raises(KeyError) as info:
                 counter.fail()()  # the same failure twice
-            assert f"{__file__}:" in str(info.value)
+            # A KeyError keeps its key; the call site is a note.
+            assert info.value.args == ("missing column",)
+            assert f"{__file__}:" in "\n".join(info.value.__notes__)
     finally:
         shutdown()
     assert len(alerts) == 1 and "KeyError" in alerts[0]

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import twinkle_core
 from twinkle_core import ConfigurationError, DeviceGroup, remote_class, remote_function
-from twinkle_core.plugins import get_plugin
+from twinkle_core.plugin import get_plugin
 from twinkle_notify_dingtalk import DetachedDingTalkNotifier, DingTalkNotifier
 from twinkle_notify_dingtalk.redact import Redactor, redact_url
 

@@ -6,17 +6,15 @@ Importing this package loads no plugin and imports neither torch nor ray.
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from importlib.metadata import PackageNotFoundError, version
 
-from .backend import (
-    CompletedCall,
-    ExecutionBackend,
-    PendingCall,
-    WorkerCall,
-    WorkerGroup,
-    WorkerPlacement,
-)
-from .callsite import CallSite
+try:
+    __version__ = version("twinkle-core")
+except PackageNotFoundError:  # pragma: no cover - a source tree that was never installed
+    __version__ = "0.0.0+unknown"
+
+from typing import Any
+
 from .collect import Collector
 from .context import WorkerContext, get_worker_context
 from .device_group import DeviceGroup
@@ -32,47 +30,33 @@ from .errors import (
     TwinkleError,
     WorkerDiedError,
 )
-from .failures import RankFailure, RemoteFailure, WorkerErrors
 from .hookspecs import hookimpl
 from .lazy import LazyCollect
 from .notify import Notifier
 from .placement import get_device_placement
-from .platform import AcceleratorPlatform, detect_platform, get_platform
+from .portable import RemoteError
 from .remote import remote_class, remote_function
-from .runtime import RuntimeConfig, initialize, is_initialized, shutdown
+from .runtime import initialize, is_initialized, shutdown
 
 __all__ = [
-    "AcceleratorPlatform",
-    "CallSite",
     "CallTimeoutError",
     "Collector",
-    "CompletedCall",
     "ConfigurationError",
     "DeviceGroup",
     "DeviceMesh",
     "Dispatcher",
     "DuplicatePluginError",
-    "ExecutionBackend",
     "LazyCollect",
     "NotInitializedError",
     "Notifier",
-    "PendingCall",
     "PluginLoadError",
     "PluginNotFoundError",
-    "RankFailure",
-    "RemoteFailure",
-    "RuntimeConfig",
+    "RemoteError",
     "TwinkleError",
-    "WorkerCall",
     "WorkerContext",
     "WorkerDiedError",
-    "WorkerErrors",
-    "WorkerGroup",
-    "WorkerPlacement",
     "__version__",
-    "detect_platform",
     "get_device_placement",
-    "get_platform",
     "get_worker_context",
     "hookimpl",
     "initialize",
@@ -81,3 +65,40 @@ __all__ = [
     "remote_function",
     "shutdown",
 ]
+
+#: Backend-side names that lived here before 0.2: now in `twinkle_core.plugin`.
+_MOVED_TO_PLUGIN = {
+    "AcceleratorPlatform",
+    "CallSite",
+    "CompletedCall",
+    "ExecutionBackend",
+    "PendingCall",
+    "RuntimeConfig",
+    "WorkerCall",
+    "WorkerGroup",
+    "WorkerPlacement",
+    "detect_platform",
+    "get_platform",
+}
+
+
+def __getattr__(name: str) -> Any:
+    import warnings
+
+    from . import plugin
+
+    if name in plugin.DEPRECATED_ALIASES:
+        return plugin.deprecated_alias(__name__, name)
+    if name in _MOVED_TO_PLUGIN:
+        warnings.warn(
+            f"twinkle_core.{name} moved to twinkle_core.plugin.{name} in 0.2 (the top level "
+            "holds only the user API); the old name goes away in 0.3",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        if name == "CallSite":
+            from .callsite import CallSite
+
+            return CallSite
+        return getattr(plugin, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -9,6 +9,7 @@ them, so every backend gives the same meaning to the same driver code.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -48,7 +49,7 @@ class PendingCall(ABC):
     def wait(self, timeout: float | None) -> list[Any]:
         """Results in the order of the calls submitted.
 
-        Raises `twinkle_core.failures.WorkerErrors` as soon as any worker failed (fail fast),
+        Raises `twinkle_core.failures.WorkersFailedError` as soon as any worker failed (fail fast),
         and `CallTimeoutError` when `timeout` seconds pass first.
         """
 
@@ -76,9 +77,9 @@ class CompletedCall(PendingCall):
 
     def wait(self, timeout: float | None) -> list[Any]:
         if self.failures:
-            from .failures import WorkerErrors
+            from .failures import WorkersFailedError
 
-            raise WorkerErrors(self.failures)
+            raise WorkersFailedError(self.failures)
         return self.results
 
     def done(self) -> bool:
@@ -169,3 +170,29 @@ class ExecutionBackend(ABC):
     def describe(self) -> dict[str, Any]:
         """Facts shown in the header of `get_device_placement()`."""
         return {}
+
+    def flush_alerts(self, timeout: float) -> bool:
+        """Wait (at most `timeout` s) until this process's queued failure alerts are sent.
+
+        For backends that must keep a process alive until its alerts are out (e.g. before
+        torchrun stops it). True when nothing is left to send.
+        """
+        alerts = getattr(self, "_alerts", None)
+        return True if alerts is None else bool(alerts.flush(timeout))
+
+
+def read_options(
+    mode: str, given: Mapping[str, Any], defaults: Mapping[str, Any]
+) -> dict[str, Any]:
+    """`defaults` updated with `given` (a backend's `initialize(**options)`); an unknown
+    option is a `ConfigurationError` naming it and listing the ones the backend accepts."""
+    from .errors import ConfigurationError
+
+    unknown = sorted(set(given) - set(defaults))
+    if unknown:
+        accepted = ", ".join(sorted(defaults)) or "none"
+        raise ConfigurationError(
+            f"initialize(mode={mode!r}) got unknown options {unknown}; the {mode!r} backend "
+            f"accepts: {accepted}"
+        )
+    return {**defaults, **given}

@@ -17,7 +17,7 @@ from .context import get_worker_context
 from .device_mesh import DeviceMesh
 from .dispatch import Dispatcher, as_dispatcher
 from .errors import CallTimeoutError, ConfigurationError
-from .failures import CALLER_TAG, RemoteFailure, WorkerErrors, tag_exception
+from .failures import CALLER_TAG, CallFailure, WorkersFailedError, tag_exception
 from .lazy import LazyCollect
 
 EXECUTE_MODES = ("all", "first", "peer")
@@ -147,8 +147,8 @@ def invoke(
         deadline = timeout if timeout is not None else spec.timeout
         try:
             return pending.collect(collector, mesh, deadline)
-        except WorkerErrors as errors:
-            failure = RemoteFailure(
+        except WorkersFailedError as errors:
+            failure = CallFailure(
                 run_name=binding.run_name,
                 method=method,
                 group=workers.group.name,

@@ -12,13 +12,14 @@ import traceback
 from dataclasses import dataclass, field
 
 from .callsite import CallSite
+from .errors import TwinkleError
 
 CALLER_TAG = "[twinkle driver caller: {site}]"
 
 
 @dataclass
-class RankFailure:
-    """One worker's failure: the exception it raised (or a WorkerDiedError for it)."""
+class WorkerFailure:
+    """Record of one worker's failure: the exception it raised (or a WorkerDiedError for it)."""
 
     rank: int
     exception: BaseException
@@ -30,30 +31,36 @@ class RankFailure:
         return (type(self.exception).__name__, _plain_message(self.exception))
 
 
-class WorkerErrors(Exception):
-    """Raised by a backend's pending call when workers failed; carries every failure known."""
+class WorkersFailedError(TwinkleError):
+    """Raised by a backend's pending call when workers failed; carries every failure known.
 
-    def __init__(self, failures: list[RankFailure]) -> None:
+    Core turns it into the user's own exception (tagged with the call site) before it reaches
+    user code; only backends raise and catch it.
+    """
+
+    def __init__(self, failures: list[WorkerFailure]) -> None:
         super().__init__(f"{len(failures)} worker(s) failed")
         self.failures = failures
 
 
 @dataclass
-class RemoteFailure:
-    """Everything known about one failed remote call, as given to notifiers and hooks."""
+class CallFailure:
+    """Record of one failed remote call, as given to notifiers and the
+    `twinkle_remote_failure` hook: the method, group, driver call site and each worker's
+    failure."""
 
     run_name: str
     method: str
     group: str
     call_site: CallSite
-    failures: list[RankFailure]
+    failures: list[WorkerFailure]
     mode: str = ""
-    _distinct: list[tuple[tuple[str, str], list[RankFailure]]] = field(
+    _distinct: list[tuple[tuple[str, str], list[WorkerFailure]]] = field(
         default_factory=list, repr=False
     )
 
     def __post_init__(self) -> None:
-        groups: dict[tuple[str, str], list[RankFailure]] = {}
+        groups: dict[tuple[str, str], list[WorkerFailure]] = {}
         for f in sorted(self.failures, key=lambda f: f.rank):
             groups.setdefault(f.key, []).append(f)
         self._distinct = list(groups.items())
@@ -63,7 +70,7 @@ class RemoteFailure:
         """The exception of the lowest failing rank; the one raised to the caller."""
         return self._distinct[0][1][0].exception
 
-    def distinct(self) -> list[tuple[tuple[str, str], list[RankFailure]]]:
+    def distinct(self) -> list[tuple[tuple[str, str], list[WorkerFailure]]]:
         """Failures grouped by (exception type, message), lowest rank first."""
         return self._distinct
 
@@ -119,7 +126,8 @@ def format_remote_traceback(exc: BaseException) -> str:
     return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
 
 
-def _add_note(exc: BaseException, note: str) -> None:
+def add_note(exc: BaseException, note: str) -> None:
+    """`exc.add_note(note)`: shown under the traceback (PEP 678)."""
     if sys.version_info >= (3, 11):
         exc.add_note(note)
     else:  # pragma: no cover - Python 3.10
@@ -155,20 +163,20 @@ def tag_call_site(exc: BaseException, site: object) -> BaseException:
         return exc
     notes = getattr(exc, "__notes__", None) or []
     if tag not in notes:
-        _add_note(exc, tag)
+        add_note(exc, tag)
     return exc
 
 
-def tag_exception(failure: RemoteFailure) -> BaseException:
+def tag_exception(failure: CallFailure) -> BaseException:
     """Tag the raised exception with the call site and note what failed where."""
     exc = tag_call_site(failure.exception, failure.call_site)
     first = failure.distinct()[0][1][0]
     node = f" node {first.node}" if first.node else ""
-    _add_note(
+    add_note(
         exc,
         f"twinkle: {failure.method} failed in group {failure.group!r} on rank {first.rank}{node}",
     )
     lines = failure.summary_lines()
     if len(failure.failures) > 1:
-        _add_note(exc, "twinkle: failures by distinct error:\n  " + "\n  ".join(lines))
+        add_note(exc, "twinkle: failures by distinct error:\n  " + "\n  ".join(lines))
     return exc

@@ -63,7 +63,7 @@ def twinkle_set_rng_state(state: dict[str, Any]) -> None:
 
 @hookspec
 def twinkle_remote_failure(failure) -> None:
-    """Observe a remote call failure (a `twinkle_core.RemoteFailure`) on the driver.
+    """Observe a remote call failure (a `twinkle_core.CallFailure`) on the driver.
 
     Called once per distinct failure, before the exception reaches the caller. Must not raise.
     """

@@ -8,10 +8,8 @@ users unit-test remote classes without torch or Ray.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import socket
-from collections.abc import Iterator
 from typing import Any
 
 from .backend import (
@@ -21,13 +19,14 @@ from .backend import (
     WorkerCall,
     WorkerGroup,
     WorkerPlacement,
+    read_options,
 )
-from .context import WorkerContext, worker_context
+from .context import WorkerContext
 from .device_group import DeviceGroup
 from .device_mesh import DeviceMesh
 from .errors import ConfigurationError
-from .failures import RankFailure, format_remote_traceback
-from .seeding import get_rng_state, seed_everything, set_rng_state
+from .failures import WorkerFailure
+from .worker import WorkerState, run_method
 
 
 class InProcessWorkerGroup(WorkerGroup):
@@ -39,29 +38,14 @@ class InProcessWorkerGroup(WorkerGroup):
         device_mesh: DeviceMesh,
         class_name: str,
         instances: list[Any],
-        contexts: list[WorkerContext],
-        rng_states: list[dict[str, Any]],
+        states: list[WorkerState],
         isolate: bool,
         placements: list[WorkerPlacement],
     ) -> None:
         super().__init__(group, device_mesh, class_name, len(instances), placements)
         self.instances = instances
-        self.contexts = contexts
-        self.rng_states = rng_states
+        self.states = states
         self.isolate = isolate
-
-    @contextlib.contextmanager
-    def _as_worker(self, rank: int) -> Iterator[None]:
-        """Run as worker `rank`: its context and its own random generators.
-
-        The caller saves and restores the driver's generators once per call (see `submit`).
-        """
-        set_rng_state(self.rng_states[rank])
-        try:
-            with worker_context(self.contexts[rank]):
-                yield
-        finally:
-            self.rng_states[rank] = get_rng_state()
 
     def submit(
         self,
@@ -72,25 +56,20 @@ class InProcessWorkerGroup(WorkerGroup):
         device_mesh: DeviceMesh | None = None,
     ) -> PendingCall:
         results: list[Any] = []
-        failures: list[RankFailure] = []
+        failures: list[WorkerFailure] = []
         node = self.placements[0].node if self.placements else None
-        driver_state = get_rng_state()
-        try:
-            for call in calls:
-                args, kwargs = (call.args, call.kwargs)
-                if self.isolate:
-                    args, kwargs = copy.deepcopy((args, kwargs))
-                with self._as_worker(call.rank):
-                    try:
-                        value = getattr(self.instances[call.rank], method)(*args, **kwargs)
-                    except Exception as exc:
-                        failures.append(
-                            RankFailure(call.rank, exc, node, format_remote_traceback(exc))
-                        )
-                        continue
-                results.append(copy.deepcopy(value) if self.isolate else value)
-        finally:
-            set_rng_state(driver_state)
+        for call in calls:
+            args, kwargs = (call.args, call.kwargs)
+            if self.isolate:
+                args, kwargs = copy.deepcopy((args, kwargs))
+            with self.states[call.rank].activate():
+                ok, value = run_method(
+                    self.instances[call.rank], method, args, kwargs, rank=call.rank, node=node
+                )
+            if not ok:
+                failures.append(value)
+                continue
+            results.append(copy.deepcopy(value) if self.isolate else value)
         return CompletedCall(results, failures)
 
 
@@ -105,17 +84,12 @@ class InProcessBackend(ExecutionBackend):
 
     def initialize(self, config) -> None:
         super().initialize(config)
-        options = dict(config.backend_options)
-        self.isolate = options.pop("isolate", True)
+        options = read_options(self.name, config.backend_options, {"isolate": True})
+        self.isolate = options["isolate"]
         if not isinstance(self.isolate, bool):
             raise ConfigurationError(
                 f"initialize(mode='inprocess', isolate=...) must be True or False, "
                 f"got {self.isolate!r}"
-            )
-        if options:
-            raise ConfigurationError(
-                f"initialize(mode='inprocess') got unknown options {sorted(options)}; "
-                "the in-process backend accepts: isolate"
             )
         self.node = socket.gethostname()
 
@@ -131,42 +105,29 @@ class InProcessBackend(ExecutionBackend):
     ) -> WorkerGroup:
         config = self.config
         assert config is not None, "initialize() runs before create_workers()"
-        instances, contexts, states, placements = [], [], [], []
-        driver_state = get_rng_state()
-        try:
-            for rank in range(num_workers):
-                ctx = WorkerContext(
-                    rank=rank,
-                    world_size=num_workers,
-                    local_rank=rank,
-                    local_world_size=num_workers,
-                    group_name=group.name,
-                    device_mesh=device_mesh,
-                    node_id=self.node,
-                    device_type=group.device_type,
-                    device_ids=tuple(group.worker_ranks(rank)),
-                )
-                # A fresh worker process starts from the run's seed; so does each instance.
-                seed_everything(config.seed, config.full_determinism)
-                a, k = copy.deepcopy((args, kwargs)) if self.isolate else (args, kwargs)
-                with worker_context(ctx):
-                    instances.append(cls(*a, **k))
-                contexts.append(ctx)
-                states.append(get_rng_state())
-                placements.append(
-                    WorkerPlacement(rank, self.node, ctx.device_ids, group.device_type)
-                )
-        finally:
-            set_rng_state(driver_state)
+        instances, states, placements = [], [], []
+        for rank in range(num_workers):
+            ctx = WorkerContext(
+                rank=rank,
+                world_size=num_workers,
+                local_rank=rank,
+                local_world_size=num_workers,
+                group_name=group.name,
+                device_mesh=device_mesh,
+                node_id=self.node,
+                device_type=group.device_type,
+                device_ids=tuple(group.worker_ranks(rank)),
+            )
+            # A fresh worker process starts from the run's seed; so does each instance.
+            a, k = copy.deepcopy((args, kwargs)) if self.isolate else (args, kwargs)
+            instance, state = WorkerState.construct(
+                cls, a, k, ctx, seed=config.seed, full_determinism=config.full_determinism
+            )
+            instances.append(instance)
+            states.append(state)
+            placements.append(WorkerPlacement(rank, self.node, ctx.device_ids, group.device_type))
         return InProcessWorkerGroup(
-            group,
-            device_mesh,
-            cls.__name__,
-            instances,
-            contexts,
-            states,
-            self.isolate,
-            placements,
+            group, device_mesh, cls.__name__, instances, states, self.isolate, placements
         )
 
     def describe(self) -> dict[str, Any]:

@@ -347,5 +347,10 @@ def get_plugin(kind: str, name: str) -> Any:
     return plugin_system().get(kind, name)
 
 
+def registered_names(kind: str) -> list[str]:
+    """The names registered for `kind` (one of `KINDS`) by every loaded plugin, sorted."""
+    return plugin_system().names(kind)
+
+
 def format_exception_short(exc: BaseException) -> str:
     return "".join(traceback.format_exception_only(type(exc), exc)).strip()

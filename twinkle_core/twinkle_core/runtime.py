@@ -17,7 +17,7 @@ from .backend import ExecutionBackend, WorkerGroup
 from .device_group import DeviceGroup
 from .device_mesh import DeviceMesh
 from .errors import ConfigurationError, NotInitializedError
-from .failures import RemoteFailure
+from .failures import CallFailure
 from .lazy import LazyCollect
 from .notify import AlertQueue, Notifier, as_notifier
 from .plugins import get_plugin, plugin_system
@@ -67,6 +67,7 @@ class Runtime:
         self.config = config
         self.backend = backend
         self.alerts = AlertQueue(config.notifier) if config.notifier is not None else None
+        backend._alerts = self.alerts  # type: ignore[attr-defined]  # for flush_alerts()
         self.bound: list[BoundClass] = []
         self._pending: deque[LazyCollect] = deque()
         self._unobserved: list[tuple[LazyCollect, BaseException]] = []
@@ -84,7 +85,7 @@ class Runtime:
             ) from None
 
     # ----------------------------------------------------------------- failures
-    def report(self, failure: RemoteFailure) -> None:
+    def report(self, failure: CallFailure) -> None:
         """Tell hooks and the notifier about a failure, once per distinct error."""
         fresh = []
         with self._lock:

@@ -19,18 +19,24 @@ from twinkle_core import (
     ConfigurationError,
     DeviceGroup,
     DeviceMesh,
-    ExecutionBackend,
-    RankFailure,
     TwinkleError,
     WorkerContext,
     WorkerDiedError,
+)
+from twinkle_core.plugin import (
+    AcceleratorPlatform,
+    ExecutionBackend,
+    WorkerFailure,
     WorkerGroup,
     WorkerPlacement,
+    detect_platform,
+    format_remote_traceback,
+    get_platform,
+    get_rng_state,
+    seed_everything,
+    set_rng_state,
+    worker_context,
 )
-from twinkle_core.context import worker_context
-from twinkle_core.failures import format_remote_traceback
-from twinkle_core.platform import AcceleratorPlatform, detect_platform, get_platform
-from twinkle_core.seeding import get_rng_state, seed_everything, set_rng_state
 
 from .calls import portable_failure
 from .channel import ChannelError, ControlChannel
@@ -80,7 +86,6 @@ class LocalBackend(ExecutionBackend):
         self._owns_default_group = False
         self._control_group: Any = None
         self._claims: list[tuple[str, bool]] = []
-        self._alert_runtime: Any = None
         self._notify_wait = float(DEFAULT_OPTIONS["notify_wait"])
         self._on_term: AlertFlushOnTerm | None = None
         self._closed = False
@@ -328,7 +333,7 @@ class LocalBackend(ExecutionBackend):
                 instance = cls(*a, **k)
             return instance, get_rng_state(), None
         except Exception as exc:
-            failure = RankFailure(context.rank, exc, self.node, format_remote_traceback(exc))
+            failure = WorkerFailure(context.rank, exc, self.node, format_remote_traceback(exc))
             return None, None, failure
         finally:
             set_rng_state(outer)
@@ -363,9 +368,6 @@ class LocalBackend(ExecutionBackend):
     # ----------------------------------------------------------------- failures
     def claim_notification(self, key: str) -> bool:
         """One process of the whole job sends each alert: elected through the store."""
-        from twinkle_core.runtime import current_runtime_or_none
-
-        self._alert_runtime = current_runtime_or_none() or self._alert_runtime
         try:
             won = self.channel.claim(key)
         except Exception as exc:  # the store is gone (launcher died): rank 0 speaks
@@ -376,11 +378,7 @@ class LocalBackend(ExecutionBackend):
 
     def _flush_alerts(self, timeout: float) -> bool:
         """Wait (at most `timeout` s) until this process's queued alerts are sent."""
-        from twinkle_core.runtime import current_runtime_or_none
-
-        runtime = self._alert_runtime or current_runtime_or_none()
-        alerts = getattr(runtime, "alerts", None)
-        return True if alerts is None else alerts.flush(timeout)
+        return self.flush_alerts(timeout)
 
     def _settle_notifications(self) -> None:
         """Keep every process alive until the elected ones have sent their alerts.

@@ -9,14 +9,8 @@ from __future__ import annotations
 import pickle
 from typing import Any
 
-from twinkle_core import (
-    CompletedCall,
-    DeviceMesh,
-    RankFailure,
-    TwinkleError,
-    WorkerErrors,
-)
-from twinkle_core.collect import Collector
+from twinkle_core import DeviceMesh, TwinkleError
+from twinkle_core.plugin import Collector, CompletedCall, WorkerFailure, WorkersFailedError
 
 _UNSET = object()
 
@@ -31,7 +25,7 @@ class LocalPendingCall(CompletedCall):
     def __init__(
         self,
         results: list[Any] | None,
-        failures: list[RankFailure] | None = None,
+        failures: list[WorkerFailure] | None = None,
         *,
         reduced: Any = _UNSET,
         reduce_op: str | None = None,
@@ -50,7 +44,7 @@ class LocalPendingCall(CompletedCall):
 
     def wait(self, timeout: float | None) -> list[Any]:
         if self.failures:
-            raise WorkerErrors(self.failures)
+            raise WorkersFailedError(self.failures)
         if not self.complete:
             raise TwinkleError(
                 f"{self.label}: the results were summed with an all-reduce for its "
@@ -61,7 +55,7 @@ class LocalPendingCall(CompletedCall):
 
     def collect(self, collector: Collector, device_mesh: DeviceMesh, timeout: float | None) -> Any:
         if self.failures:
-            raise WorkerErrors(self.failures)
+            raise WorkersFailedError(self.failures)
         if (
             self.reduced is not _UNSET
             and collector.reduce_op == self.reduce_op
@@ -74,7 +68,7 @@ class LocalPendingCall(CompletedCall):
         return collector.collect(self.wait(timeout), device_mesh)
 
 
-def portable_failure(failure: RankFailure) -> RankFailure:
+def portable_failure(failure: WorkerFailure) -> WorkerFailure:
     """`failure` with an exception that survives pickling (a RuntimeError stand-in otherwise).
 
     The stand-in keeps the original type name and message, and the traceback text travels too.
@@ -85,7 +79,7 @@ def portable_failure(failure: RankFailure) -> RankFailure:
     except Exception:
         exc = failure.exception
         stand_in = RuntimeError(f"{type(exc).__module__}.{type(exc).__qualname__}: {exc}")
-        return RankFailure(failure.rank, stand_in, failure.node, failure.traceback)
+        return WorkerFailure(failure.rank, stand_in, failure.node, failure.traceback)
 
 
 def encode(ok: bool, value: Any, rank: int, node: str | None, label: str) -> bytes:
@@ -99,7 +93,7 @@ def encode(ok: bool, value: Any, rank: int, node: str | None, label: str) -> byt
             f"the result of {label} on rank {rank} ({type(value).__name__}) cannot be sent to "
             f"the other torchrun processes: {type(exc).__name__}: {exc}"
         )
-        return pickle.dumps((False, RankFailure(rank, error, node, "")))
+        return pickle.dumps((False, WorkerFailure(rank, error, node, "")))
 
 
 def decode(blob: bytes, rank: int, node: str | None, label: str) -> tuple[bool, Any]:
@@ -111,7 +105,7 @@ def decode(blob: bytes, rank: int, node: str | None, label: str) -> tuple[bool, 
             f"the result of {label} on rank {rank} cannot be read in this process: "
             f"{type(exc).__name__}: {exc}"
         )
-        return False, RankFailure(rank, error, node, "")
+        return False, WorkerFailure(rank, error, node, "")
     if not ok and value.traceback:
         # Raised in another process: its frames are not in this exception's traceback.
         note = f"twinkle: traceback on rank {value.rank}:\n{value.traceback.rstrip()}"

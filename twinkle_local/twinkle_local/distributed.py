@@ -8,8 +8,8 @@ import datetime
 import os
 from typing import Any
 
-from twinkle_core import AcceleratorPlatform, ConfigurationError, DeviceMesh
-from twinkle_core.platform import detect_platform, get_platform
+from twinkle_core import ConfigurationError, DeviceMesh
+from twinkle_core.plugin import AcceleratorPlatform, detect_platform, get_platform
 
 #: Default timeout of twinkle's process groups: long enough for slow checkpoints, as torch's own.
 DEFAULT_TIMEOUT_S = 1800.0

@@ -18,7 +18,7 @@ import sys
 from types import ModuleType
 from typing import Any
 
-from twinkle_core.platform import AcceleratorPlatform, CpuPlatform
+from twinkle_core.plugin import AcceleratorPlatform, CpuPlatform
 
 log = logging.getLogger("twinkle")
 

@@ -19,19 +19,23 @@ from twinkle_core import (
     DeviceGroup,
     DeviceMesh,
     NotInitializedError,
-    RankFailure,
-    WorkerCall,
     WorkerContext,
     WorkerDiedError,
-    WorkerGroup,
-    WorkerPlacement,
     get_worker_context,
 )
-from twinkle_core.calls import call_mesh
-from twinkle_core.collect import Collector, representatives
-from twinkle_core.context import worker_context
-from twinkle_core.failures import format_remote_traceback
-from twinkle_core.seeding import get_rng_state, set_rng_state
+from twinkle_core.plugin import (
+    Collector,
+    WorkerCall,
+    WorkerFailure,
+    WorkerGroup,
+    WorkerPlacement,
+    call_mesh,
+    format_remote_traceback,
+    get_rng_state,
+    representatives,
+    set_rng_state,
+    worker_context,
+)
 
 from . import numeric
 from .calls import LocalPendingCall, decode, encode
@@ -90,7 +94,7 @@ class LocalWorkerGroup(WorkerGroup):
             try:
                 return True, getattr(self.instance, method)(*args, **kwargs)
             except Exception as exc:
-                return False, RankFailure(
+                return False, WorkerFailure(
                     call.rank, exc, self.backend.node, format_remote_traceback(exc)
                 )
 
@@ -166,7 +170,7 @@ class LocalWorkerGroup(WorkerGroup):
     ) -> LocalPendingCall:
         backend = self.backend
         results: list[Any] = [None] * len(calls)
-        failures: list[RankFailure] = []
+        failures: list[WorkerFailure] = []
         if not backend.channel.distributed:
             for i, (ok, value) in sorted(mine.items()):
                 if ok:
@@ -281,5 +285,5 @@ class LocalWorkerGroup(WorkerGroup):
         detail = f"{type(exc).__name__}: {exc}"
         others = sorted({c.rank for c in calls if c.rank != backend.env.rank})
         ranks = others or [backend.env.rank]
-        failures = [RankFailure(r, error, backend.node_of(r), detail) for r in ranks]
+        failures = [WorkerFailure(r, error, backend.node_of(r), detail) for r in ranks]
         return LocalPendingCall(None, failures, label=label)

@@ -17,8 +17,7 @@ from typing import Any
 
 import ray
 
-from twinkle_core.context import WorkerContext, set_process_worker_context
-from twinkle_core.seeding import seed_everything
+from twinkle_core.plugin import WorkerContext, seed_everything, set_process_worker_context
 
 from .transfer import materialize, register_tensor_serializer, result_meta
 
@@ -62,8 +61,7 @@ class TwinkleActor:
         where = f"worker rank {boot.rank} of group {boot.group!r} ({boot.class_name})"
         if boot.expected_node and node_id != boot.expected_node:
             raise RuntimeError(
-                f"{where} started on node {node_id[:8]} but was planned on "
-                f"{boot.expected_node[:8]}"
+                f"{where} started on node {node_id[:8]} but was planned on {boot.expected_node[:8]}"
             )
         visible = {k: os.environ.get(k) for k in boot.env if k.endswith("VISIBLE_DEVICES")}
         for key, value in visible.items():
@@ -73,7 +71,7 @@ class TwinkleActor:
                     f"overrode it (set {', '.join(boot.noset_env) or 'the NOSET variables'})"
                 )
         if boot.device_type != "cpu" and boot.devices:
-            from twinkle_core import get_platform
+            from twinkle_core.plugin import get_platform
 
             platform = get_platform(boot.device_type)
             if platform.is_available() and platform.device_count() != len(boot.devices):

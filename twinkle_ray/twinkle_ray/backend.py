@@ -17,19 +17,16 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from twinkle_core import (
-    CallTimeoutError,
-    DeviceGroup,
-    DeviceMesh,
+from twinkle_core import CallTimeoutError, DeviceGroup, DeviceMesh, LazyCollect
+from twinkle_core.plugin import (
     ExecutionBackend,
-    LazyCollect,
-    WorkerErrors,
+    WorkerContext,
     WorkerGroup,
     WorkerPlacement,
+    WorkersFailedError,
     get_platform,
+    registered_names,
 )
-from twinkle_core.context import WorkerContext
-from twinkle_core.plugins import plugin_system
 
 from .actor import ActorBoot, TwinkleActor, flatten_call
 from .cluster import ClusterConnection
@@ -54,9 +51,8 @@ def actor_class() -> Any:
 
 def noset_variables() -> dict[str, str]:
     """`RAY_EXPERIMENTAL_NOSET_*` of every registered platform, set to 1."""
-    system = plugin_system()
     out = {}
-    for name in system.names("platforms"):
+    for name in registered_names("platforms"):
         try:
             platform = get_platform(name)
         except Exception as exc:  # a broken platform plugin must not stop the run
@@ -212,9 +208,7 @@ class RayBackend(ExecutionBackend):
                 hello_timeout = min(timeout, opts.placement_timeout)
             workers.handles = self._spawn(cls, group, slots, f"{instance}.{generation}")
             try:
-                self._start(
-                    workers, slots, cls, args, kwargs, config, timeout, hello_timeout
-                )
+                self._start(workers, slots, cls, args, kwargs, config, timeout, hello_timeout)
             except BaseException:
                 workers.teardown("its start-up failed")
                 raise
@@ -322,9 +316,7 @@ class RayBackend(ExecutionBackend):
                     master, ctx, config.seed, config.full_determinism, cls, False, kwnames, *values
                 )
             )
-        construct = RayPendingCall(
-            workers, "__init__", list(range(len(slots))), refs, []
-        )
+        construct = RayPendingCall(workers, "__init__", list(range(len(slots))), refs, [])
         _raise_first(construct, max(1.0, deadline - time.monotonic()), "construct")
 
     # ------------------------------------------------------------------ facts
@@ -340,7 +332,7 @@ def _raise_first(pending: RayPendingCall, timeout: float, what: str) -> None:
     """Wait for a start-up step; raise the lowest failing rank's own exception, with where."""
     try:
         pending.wait(timeout)
-    except WorkerErrors as errors:
+    except WorkersFailedError as errors:
         first = errors.failures[0]
         exc = first.exception
         exc.add_note(
@@ -348,4 +340,3 @@ def _raise_first(pending: RayPendingCall, timeout: float, what: str) -> None:
             f"{pending.workers.group.name!r} on rank {first.rank} node {first.node or '?'}",
         )
         raise exc from None
-

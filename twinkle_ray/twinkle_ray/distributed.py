@@ -13,7 +13,8 @@ import os
 import time
 from typing import Any
 
-from twinkle_core import AcceleratorPlatform, get_worker_context
+from twinkle_core import get_worker_context
+from twinkle_core.plugin import AcceleratorPlatform
 
 #: How many ports rank 0 tries before giving up.
 DEFAULT_PORT_ATTEMPTS = 3
@@ -85,8 +86,9 @@ def _rendezvous(
         port = int(os.environ["MASTER_PORT"])
         for attempt in range(attempts):
             try:
-                store = TCPStore(addr, port, world_size, is_master=True, timeout=timeout,
-                                 wait_for_workers=False)
+                store = TCPStore(
+                    addr, port, world_size, is_master=True, timeout=timeout, wait_for_workers=False
+                )
             except Exception as exc:
                 if not _port_in_use(exc) or attempt == attempts - 1:
                     raise

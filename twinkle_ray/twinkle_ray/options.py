@@ -59,9 +59,9 @@ class RayOptions:
             )
         for name in ("num_cpus", "num_gpus", "object_store_memory"):
             value = getattr(opts, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or (
-                value < 0
-            )):
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or (value < 0)
+            ):
                 raise ConfigurationError(
                     f"initialize(mode='ray', {name}=...) must be a non-negative integer, "
                     f"got {value!r}"
@@ -99,9 +99,7 @@ class RayOptions:
             )
         opts.env_passthrough = tuple(opts.env_passthrough)
         if not isinstance(opts.restart, bool):
-            if isinstance(opts.restart, str) or not all(
-                isinstance(v, str) for v in opts.restart
-            ):
+            if isinstance(opts.restart, str) or not all(isinstance(v, str) for v in opts.restart):
                 raise ConfigurationError(
                     f"initialize(mode='ray', restart=...) must be True, False or a list of group "
                     f"names, got {opts.restart!r}"

@@ -25,7 +25,8 @@ from ray.util.placement_group import (
     remove_placement_group,
 )
 
-from twinkle_core import ConfigurationError, DeviceGroup, TwinkleError, get_platform
+from twinkle_core import ConfigurationError, DeviceGroup, TwinkleError
+from twinkle_core.plugin import get_platform
 
 from .cluster import NodeInfo, describe_nodes, live_nodes
 

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import ray
 
-from twinkle_core.structure import is_array_like
+from twinkle_core.plugin import is_array_like
 
 _registered = threading.local()
 _lock = threading.Lock()

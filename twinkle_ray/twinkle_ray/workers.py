@@ -17,28 +17,22 @@ from typing import Any
 import ray
 import ray.exceptions as rex
 
-from twinkle_core import (
-    CallTimeoutError,
-    DeviceGroup,
-    DeviceMesh,
-    LazyCollect,
-    PendingCall,
-    RankFailure,
-    WorkerCall,
-    WorkerDiedError,
-    WorkerErrors,
-    WorkerGroup,
-    WorkerPlacement,
-)
-from twinkle_core.collect import (
+from twinkle_core import CallTimeoutError, DeviceGroup, DeviceMesh, LazyCollect, WorkerDiedError
+from twinkle_core.plugin import (
     ConcatCollector,
     FirstCollector,
     MeanCollector,
     NoneCollector,
+    PendingCall,
     SumCollector,
+    WorkerCall,
+    WorkerFailure,
+    WorkerGroup,
+    WorkerPlacement,
+    WorkersFailedError,
+    format_remote_traceback,
     representatives,
 )
-from twinkle_core.failures import format_remote_traceback
 
 from .actor import flatten_call
 from .transfer import (
@@ -75,6 +69,7 @@ def how_it_died(exc: BaseException) -> str:
     if isinstance(exc, rex.ActorUnavailableError):
         return "died or became unreachable (its process or its whole node is gone)"
     return "died"
+
 
 _SMALL = (type(None), bool, int, float, complex)
 
@@ -132,7 +127,7 @@ class RayPendingCall(PendingCall):
         self.ranks = ranks
         self.value_refs = value_refs
         self.meta_refs = meta_refs
-        self._failures: list[RankFailure] | None = None
+        self._failures: list[WorkerFailure] | None = None
         self._values: list[Any] | None = None
         self._metas: list[ResultMeta] | None = None
         self._finished = False
@@ -142,7 +137,7 @@ class RayPendingCall(PendingCall):
     def _await(self, refs: list[ray.ObjectRef], timeout: float | None) -> list[Any]:
         """All values of `refs`, failing on the first failure and at the deadline."""
         if self._failures:
-            raise WorkerErrors(self._failures)
+            raise WorkersFailedError(self._failures)
         index = {ref: i for i, ref in enumerate(refs)}
         values: list[Any] = [None] * len(refs)
         remaining = list(refs)
@@ -191,7 +186,7 @@ class RayPendingCall(PendingCall):
                 self._mark_handled(failed)
                 self._failures = sorted(failures, key=lambda f: f.rank)
                 self.workers.on_failures(self._failures)
-                raise WorkerErrors(self._failures)
+                raise WorkersFailedError(self._failures)
         return values
 
     def _mark_handled(self, indices: list[int]) -> None:
@@ -288,8 +283,8 @@ class RayWorkerGroup(WorkerGroup):
     def node_of(self, rank: int) -> str | None:
         return self.placements[rank].node if rank < len(self.placements) else None
 
-    def failure(self, rank: int, exc: BaseException) -> RankFailure:
-        """A worker's failure as a RankFailure: the user's own exception, or a death."""
+    def failure(self, rank: int, exc: BaseException) -> WorkerFailure:
+        """A worker's failure as a WorkerFailure: the user's own exception, or a death."""
         node = self.node_of(rank)
         if isinstance(exc, DEATH_ERRORS):
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -305,7 +300,7 @@ class RayWorkerGroup(WorkerGroup):
                 f"{node or '?'} {how_it_died(exc)} ({type(exc).__name__}: {reason[:300]}); "
                 f"{after}"
             )
-            return RankFailure(rank, died, node, str(exc))
+            return WorkerFailure(rank, died, node, str(exc))
         if isinstance(exc, rex.RayTaskError):
             cause = getattr(exc, "cause", None)
             if not isinstance(cause, BaseException):
@@ -313,10 +308,10 @@ class RayWorkerGroup(WorkerGroup):
                     cause = exc.as_instanceof_cause()
                 except Exception:
                     cause = exc
-            return RankFailure(rank, cause, node, getattr(exc, "traceback_str", "") or str(exc))
-        return RankFailure(rank, exc, node, format_remote_traceback(exc))
+            return WorkerFailure(rank, cause, node, getattr(exc, "traceback_str", "") or str(exc))
+        return WorkerFailure(rank, exc, node, format_remote_traceback(exc))
 
-    def on_failures(self, failures: list[RankFailure]) -> None:
+    def on_failures(self, failures: list[WorkerFailure]) -> None:
         died = [f for f in failures if isinstance(f.exception, WorkerDiedError)]
         if not died or self.torn_down is not None:
             return
@@ -358,12 +353,12 @@ class RayWorkerGroup(WorkerGroup):
         has_remote = bool(getattr(self._local, "placeholders", False))
         self._local.placeholders = False
         if self.torn_down is not None:
-            from twinkle_core import CompletedCall
+            from twinkle_core.plugin import CompletedCall
 
             return CompletedCall(
                 [],
                 [
-                    RankFailure(
+                    WorkerFailure(
                         c.rank,
                         WorkerDiedError(
                             f"group {self.group.name!r} ({self.class_name}) was torn down "
@@ -403,7 +398,7 @@ class RayWorkerGroup(WorkerGroup):
             return value()
         try:
             metas = pending.wait_meta(None)
-        except (WorkerErrors, CallTimeoutError):
+        except (WorkersFailedError, CallTimeoutError):
             return value()  # raises the producer's failure, tagged with its call site
         placeholder = build_placeholder(
             source.collector, source.device_mesh, pending.value_refs, metas

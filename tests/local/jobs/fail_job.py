@@ -14,13 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from twinkle_core import (
-    DeviceGroup,
-    get_worker_context,
-    initialize,
-    remote_class,
-    remote_function,
-)
+from twinkle_core import DeviceGroup, get_worker_context, initialize, remote_class, remote_function
 
 OUT = Path(sys.argv[1])
 RANK = int(os.environ["RANK"])

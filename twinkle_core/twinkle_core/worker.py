@@ -1,0 +1,78 @@
+"""Running user code as a worker: its context, its own random generators, its failures.
+
+Backends that host a worker in a process it shares with the driver or with other workers
+(in-process, torchrun) swap the worker's context and random generators in around every call,
+so each worker draws the same numbers it would draw in a process of its own. Every backend
+turns an exception raised by user code into the same `WorkerFailure` record.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+from .context import WorkerContext, worker_context
+from .failures import WorkerFailure, format_remote_traceback
+from .seeding import get_rng_state, seed_everything, set_rng_state
+
+
+class WorkerState:
+    """One worker's identity and random-generator state, for `activate()` around its calls."""
+
+    def __init__(self, context: WorkerContext, rng_state: dict[str, Any] | None = None) -> None:
+        self.context = context
+        self.rng_state = rng_state
+
+    @contextlib.contextmanager
+    def activate(self) -> Iterator[WorkerContext]:
+        """Run the block as this worker; the caller's generators are restored afterwards."""
+        outer = get_rng_state()
+        if self.rng_state is not None:
+            set_rng_state(self.rng_state)
+        try:
+            with worker_context(self.context) as ctx:
+                yield ctx
+        finally:
+            self.rng_state = get_rng_state()
+            set_rng_state(outer)
+
+    @classmethod
+    def construct(
+        cls,
+        factory: Any,
+        args: tuple,
+        kwargs: dict,
+        context: WorkerContext,
+        *,
+        seed: int,
+        full_determinism: bool = False,
+    ) -> tuple[Any, WorkerState]:
+        """Build `factory(*args, **kwargs)` as a fresh worker seeded with the run's seed.
+
+        Returns the instance and the worker's state after construction; the caller's own
+        generators are left as they were. Exceptions from the constructor propagate.
+        """
+        outer = get_rng_state()
+        try:
+            seed_everything(seed, full_determinism)
+            with worker_context(context):
+                instance = factory(*args, **kwargs)
+            return instance, cls(context, get_rng_state())
+        finally:
+            set_rng_state(outer)
+
+
+def worker_failure(rank: int, exc: BaseException, node: str | None) -> WorkerFailure:
+    """The record of `exc` raised by user code on worker `rank`, with its traceback text."""
+    return WorkerFailure(rank, exc, node, format_remote_traceback(exc))
+
+
+def run_method(
+    instance: Any, method: str, args: tuple, kwargs: dict, *, rank: int, node: str | None
+) -> tuple[bool, Any]:
+    """`(True, value)` of `instance.method(*args, **kwargs)`, or `(False, WorkerFailure)`."""
+    try:
+        return True, getattr(instance, method)(*args, **kwargs)
+    except Exception as exc:
+        return False, worker_failure(rank, exc, node)
