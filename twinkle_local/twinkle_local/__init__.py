@@ -5,7 +5,9 @@ Importing this package does not import torch; the platforms and helpers import i
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from importlib.metadata import version as _dist_version
+
+__version__ = _dist_version("twinkle-local")  # written once: in pyproject.toml
 
 from .backend import LocalBackend
 from .distributed import init_distributed, to_torch_device_mesh

@@ -6,7 +6,9 @@ Use ``initialize(..., notifier=DingTalkNotifier(webhook=..., secret=...))``, or
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from importlib.metadata import version as _dist_version
+
+__version__ = _dist_version("twinkle-notify-dingtalk")  # written once: in pyproject.toml
 
 from .notifier import (
     DINGTALK_MAX_BODY_BYTES,

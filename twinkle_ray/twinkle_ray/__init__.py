@@ -6,7 +6,9 @@ registers the backend by name only.
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from importlib.metadata import version as _dist_version
+
+__version__ = _dist_version("twinkle-ray")  # written once: in pyproject.toml
 
 from .envvars import DEFAULT_PASSTHROUGH
 

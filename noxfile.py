@@ -1,0 +1,302 @@
+"""Every environment and check of the twinkle repository, as nox sessions (run through uv).
+
+    bash scripts/test.sh                 # lint docs core dingtalk local ray integration + summary
+    bash scripts/test.sh core -- -k seed # some sessions; after "--": arguments for pytest
+    .venvs/tools/bin/nox -l              # the session list (scripts/test.sh installs nox there)
+
+Each package's suite runs in an environment holding only that package and what it depends on,
+built from the working tree and installed as a user would (not editable): core without torch or
+ray; dingtalk = core + dingtalk; local = core + local + torch; ray = core + local + ray + torch;
+integration = all four + torch. Environments live in .nox/ and are reused: a second run only
+rebuilds the four small twinkle packages. uv hard-links installed files from its cache, so the
+environments that hold torch share one copy of it on disk.
+
+torch is pinned to TORCH below, for these environments only (the packages ask for torch>=2.2).
+Where PyPI's default torch wheel is a CUDA build, set TWINKLE_TORCH_INDEX_URL to PyTorch's CPU
+wheel index. uv does not read pip's configuration: its find-links, index-url, extra-index-url,
+constraint and cert settings (from PIP_* variables or pip.conf) are passed on to uv below.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import nox
+
+nox.needs_version = ">=2025.2.9"
+nox.options.default_venv_backend = "uv"
+nox.options.reuse_venv = "yes"
+nox.options.error_on_external_run = True
+nox.options.sessions = ["lint", "docs", "core", "dingtalk", "local", "ray", "integration"]
+
+ROOT = Path(__file__).resolve().parent
+REPORTS = ROOT / ".test-reports"
+PYPROJECT = nox.project.load_toml(ROOT / "pyproject.toml")
+TORCH = os.environ.get("TWINKLE_TORCH_SPEC", "torch==2.13.0")
+TORCH_INDEX_URL = os.environ.get("TWINKLE_TORCH_INDEX_URL", "")
+
+CORE = "./twinkle_core"
+LOCAL = "./twinkle_local"
+RAY = "./twinkle_ray"
+DINGTALK = "./twinkle_notify_dingtalk"
+PACKAGES = (CORE, LOCAL, RAY, DINGTALK)
+LINT_PATHS = (
+    "twinkle_core",
+    "twinkle_local",
+    "twinkle_ray",
+    "twinkle_notify_dingtalk",
+    "tests",
+    "examples",
+    "benchmarks",
+    "scripts",
+    "noxfile.py",
+)
+
+# Tests never attach to another Ray cluster on this machine, nor report usage.
+os.environ.pop("RAY_ADDRESS", None)
+os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+
+
+# --- pip's configuration, passed on to uv ------------------------------------------------------
+
+
+def _pip_config() -> dict[tuple[str, str], str]:
+    """pip's settings as {(section, name): value}; section ':env:' holds PIP_* variables."""
+    try:
+        listed = subprocess.run(
+            [sys.executable, "-m", "pip", "config", "list"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"},
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    values = {}
+    for line in listed.splitlines():
+        key, sep, value = line.partition("=")
+        section, _, name = key.rpartition(".")
+        if sep and section:
+            values[(section, name)] = value.strip().strip("'\"")
+    return values
+
+
+def _pip_setting(config: dict[tuple[str, str], str], name: str) -> list[str]:
+    # pip's precedence: environment variables, then the [install] section, then [global].
+    for section in (":env:", "install", "global"):
+        if (section, name) in config:
+            return config[(section, name)].split()
+    return []
+
+
+def _present(locations: list[str]) -> list[str]:
+    """Drop local folders and files that do not exist on this machine (keep remote URLs)."""
+    kept = []
+    for location in locations:
+        if location.startswith("file://"):
+            path = location[len("file://") :]
+        elif "://" in location:
+            kept.append(location)
+            continue
+        else:
+            path = location
+        if Path(path).exists():
+            kept.append(location)
+    return kept
+
+
+def _pass_pip_config_to_uv() -> None:
+    config = _pip_config()
+    index_url = _present(_pip_setting(config, "index-url"))
+    extra = _present(_pip_setting(config, "extra-index-url"))
+    find_links = _present(_pip_setting(config, "find-links"))
+    constraint = _present(_pip_setting(config, "constraint"))
+    cert = _present(_pip_setting(config, "cert"))
+    settings = {
+        "UV_INDEX_URL": " ".join(index_url[:1]),
+        "UV_EXTRA_INDEX_URL": " ".join(extra),
+        "UV_FIND_LINKS": ",".join(find_links),
+        "UV_CONSTRAINT": " ".join(constraint),
+        "SSL_CERT_FILE": " ".join(cert[:1]),
+    }
+    if index_url or extra:
+        # pip picks the best version across all its indexes; uv's default would take only the
+        # first index that has a package (an extra index holding an old ray would win).
+        settings["UV_INDEX_STRATEGY"] = "unsafe-best-match"
+    for name, value in settings.items():
+        if value and name not in os.environ:
+            os.environ[name] = value
+
+
+if "TWINKLE_IGNORE_PIP_CONFIG" not in os.environ:
+    _pass_pip_config_to_uv()
+
+
+# --- helpers -----------------------------------------------------------------------------------
+
+
+def _groups(*names: str) -> tuple[str, ...]:
+    return nox.project.dependency_groups(PYPROJECT, *names)
+
+
+def _install(session: nox.Session, *packages: str, torch: bool = False) -> None:
+    """Install the test tools and the given twinkle packages (built from the working tree)."""
+    args = [*_groups("test"), *packages]
+    if torch:
+        args.append(TORCH)
+        if TORCH_INDEX_URL:
+            args += ["--extra-index-url", TORCH_INDEX_URL, "--index-strategy", "unsafe-best-match"]
+    session.install(*args)
+
+
+def _forbid(session: nox.Session, *modules: str) -> None:
+    """Fail when a reused environment holds something this suite must run without."""
+    code = (
+        "import importlib.util as u, sys\n"
+        f"found = [m for m in {modules!r} if u.find_spec(m)]\n"
+        "sys.exit(f'this environment must not hold {found}' if found else 0)\n"
+    )
+    try:
+        session.run("python", "-I", "-c", code, silent=True)
+    except nox.command.CommandFailed:
+        session.error(
+            f"the {session.name} environment holds one of {', '.join(modules)}: "
+            f"recreate it with `nox -s {session.name} --reuse-venv=no`"
+        )
+
+
+def _start_report(suite: str) -> Path:
+    REPORTS.mkdir(exist_ok=True)
+    report = REPORTS / f"{suite}.xml"
+    report.unlink(missing_ok=True)  # a failed set-up must not leave an old report behind
+    return report
+
+
+def _pytest(session: nox.Session, report: Path, path: str) -> None:
+    # The pytest script (not `python -m pytest`) keeps the repository root off sys.path, so the
+    # installed packages are tested, not the source folders. pytest's exit code 5 (no tests
+    # collected) fails the session like any other non-zero code.
+    session.run(
+        "pytest",
+        path,
+        f"--junitxml={report}",
+        "--continue-on-collection-errors",
+        *session.posargs,
+    )
+
+
+# --- sessions ----------------------------------------------------------------------------------
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff over everything, mypy of twinkle-core, import-linter contracts (.importlinter)."""
+    session.install(*_groups("lint"), CORE)
+    session.run("ruff", "check", *LINT_PATHS)
+    with session.chdir("twinkle_core"):
+        session.run("mypy", "twinkle_core")
+    if (ROOT / ".importlinter").exists():
+        # Contracts are checked on the source (static imports); the plugins are installed without
+        # their dependencies only so that import-linter can find them.
+        session.install("--no-deps", LOCAL, RAY, DINGTALK)
+        session.run("lint-imports")
+    else:
+        session.log("no .importlinter at the repository root: import contracts not checked")
+
+
+@nox.session
+def docs(session: nox.Session) -> None:
+    """mkdocs build --strict (warnings, broken links and anchors fail)."""
+    session.install(*_groups("docs"), CORE)
+    site = str(REPORTS / "site")
+    session.run("mkdocs", "build", "--strict", "--quiet", "--site-dir", site, *session.posargs)
+
+
+@nox.session
+def core(session: nox.Session) -> None:
+    """tests/core with twinkle-core installed as a user would: no torch, ray or plugins."""
+    report = _start_report("core")
+    _install(session, CORE)
+    _forbid(session, "torch", "ray", "twinkle_local", "twinkle_ray", "twinkle_notify_dingtalk")
+    _pytest(session, report, "tests/core")
+
+
+@nox.session
+def dingtalk(session: nox.Session) -> None:
+    """tests/notify_dingtalk with twinkle-core and twinkle-notify-dingtalk only."""
+    report = _start_report("dingtalk")
+    _install(session, CORE, DINGTALK)
+    _forbid(session, "torch", "ray", "twinkle_local", "twinkle_ray")
+    _pytest(session, report, "tests/notify_dingtalk")
+
+
+@nox.session
+def local(session: nox.Session) -> None:
+    """tests/local: twinkle-core, twinkle-local and torch."""
+    report = _start_report("local")
+    _install(session, CORE, LOCAL, torch=True)
+    _forbid(session, "ray", "twinkle_ray", "twinkle_notify_dingtalk")
+    _pytest(session, report, "tests/local")
+
+
+@nox.session
+def ray(session: nox.Session) -> None:
+    """tests/ray: twinkle-core, twinkle-local, twinkle-ray, ray and torch."""
+    report = _start_report("ray")
+    _install(session, CORE, LOCAL, RAY, torch=True)
+    _forbid(session, "twinkle_notify_dingtalk")
+    _pytest(session, report, "tests/ray")
+
+
+@nox.session
+def integration(session: nox.Session) -> None:
+    """tests/integration with all four packages."""
+    report = _start_report("integration")
+    _install(session, *PACKAGES, torch=True)
+    _pytest(session, report, "tests/integration")
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """benchmarks/run.py with all four packages (arguments after "--" go to it, e.g. --quick)."""
+    _install(session, *PACKAGES, torch=True)
+    session.run("python", "benchmarks/run.py", *session.posargs)
+
+
+@nox.session
+def demo(session: nox.Session) -> None:
+    """The example pipeline under torchrun, on an embedded Ray cluster and in-process."""
+    _install(session, *PACKAGES, torch=True)
+    session.run("python", "scripts/demo.py", *session.posargs)
+
+
+@nox.session
+def dist(session: nox.Session) -> None:
+    """Wheels and sdists of the four packages into dist/, checked by `twine check --strict`."""
+    session.install(*_groups("dist"))
+    out = ROOT / "dist"
+    shutil.rmtree(out, ignore_errors=True)
+    for package in PACKAGES:
+        session.log(f"building {package}")
+        # PYTHONDONTWRITEBYTECODE makes setuptools warn that it skips byte-compiling.
+        log = session.run(
+            "python",
+            "-m",
+            "build",
+            "--installer",
+            "uv",
+            "--outdir",
+            str(out),
+            package,
+            silent=True,
+            env={"PYTHONDONTWRITEBYTECODE": None},
+        )
+        warnings = [line for line in str(log).splitlines() if "warning" in line.lower()]
+        if warnings:
+            session.error(f"building {package} printed warnings:\n" + "\n".join(warnings))
+    session.run("twine", "check", "--strict", *sorted(str(p) for p in out.iterdir()))
+    session.log(f'install from these: pip install --find-links {out} "twinkle-core[ray]"')
