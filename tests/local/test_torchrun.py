@@ -70,6 +70,15 @@ def test_conformance_driver_matches_inprocess(main_job, rank):
 
 
 @pytest.mark.parametrize("rank", [0, 1])
+def test_design_example_gives_the_written_down_values_on_every_rank(main_job, rank):
+    sys.path.insert(0, str(JOBS.parents[1] / "integration"))
+    import design_example
+
+    _, ranks = main_job
+    assert ranks[rank]["design"] == design_example.EXPECTED
+
+
+@pytest.mark.parametrize("rank", [0, 1])
 def test_scenarios_match_inprocess(main_job, rank):
     _, ranks = main_job
     assert_close(ranks[rank]["local_scenarios"], ranks[0]["reference_scenarios"])

@@ -29,6 +29,7 @@ from .errors import (
     PluginNotFoundError,
     TwinkleError,
     WorkerDiedError,
+    WorkerExitError,
 )
 from .hookspecs import hookimpl
 from .lazy import LazyCollect
@@ -55,6 +56,7 @@ __all__ = [
     "TwinkleError",
     "WorkerContext",
     "WorkerDiedError",
+    "WorkerExitError",
     "__version__",
     "get_device_placement",
     "get_worker_context",

@@ -33,3 +33,11 @@ class WorkerDiedError(TwinkleError, RuntimeError):
 
 class CallTimeoutError(TwinkleError, TimeoutError):
     """A remote call did not finish within its deadline."""
+
+
+class WorkerExitError(TwinkleError, RuntimeError):
+    """User code in a worker raised `SystemExit` (or, on Ray, `KeyboardInterrupt`).
+
+    A method cannot end its worker's process without ending the group's other ranks' peer,
+    so twinkle reports it as this error of the call, naming the rank, instead.
+    """

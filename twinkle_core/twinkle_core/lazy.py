@@ -89,8 +89,13 @@ class LazyCollect:
     def settle(self) -> BaseException | None:
         """Collect a finished call without counting as the user having looked at it.
 
-        Returns the failure, if any. Used to report failures of calls nobody resolves.
+        Returns the failure, if any. Used to report failures of calls nobody resolves. A call
+        some thread is collecting right now is left to that thread (which sees any failure):
+        settling never waits for it, so a hook running inside that collection may call in.
         """
+        if not self._lock.acquire(blocking=False):
+            return None
+        self._lock.release()  # free now; _get takes it again (another thread may win: fine)
         try:
             self._get(None)
         except BaseException as exc:

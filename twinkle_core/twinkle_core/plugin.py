@@ -62,7 +62,7 @@ from .portable import PortableException, RemoteError, portable_exception, rebuil
 from .runtime import RuntimeConfig
 from .seeding import get_rng_state, seed_everything, set_rng_state
 from .structure import combine, is_array_like, torch_module
-from .worker import WorkerState, run_method, worker_failure
+from .worker import WorkerState, exit_error, run_method, worker_failure
 
 __all__ = [
     "BUILTIN_COLLECTORS",
@@ -99,6 +99,7 @@ __all__ = [
     "call_mesh",
     "combine",
     "detect_platform",
+    "exit_error",
     "format_remote_traceback",
     "get_platform",
     "get_plugin",

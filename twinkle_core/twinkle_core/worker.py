@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from .context import WorkerContext, worker_context
+from .errors import WorkerExitError
 from .failures import WorkerFailure, format_remote_traceback
 from .seeding import get_rng_state, seed_everything, set_rng_state
 
@@ -68,11 +69,29 @@ def worker_failure(rank: int, exc: BaseException, node: str | None) -> WorkerFai
     return WorkerFailure(rank, exc, node, format_remote_traceback(exc))
 
 
+def exit_error(exc: BaseException, method: str, rank: int) -> WorkerExitError:
+    """The error reported for `SystemExit`/`KeyboardInterrupt` raised by user code."""
+    what = f"{type(exc).__name__}({', '.join(repr(a) for a in exc.args)})"
+    error = WorkerExitError(
+        f"{method} raised {what} on worker rank {rank}: a remote method cannot end its "
+        "worker process; raise an exception to fail the call, or return to end it"
+    )
+    error.__cause__ = exc
+    return error
+
+
 def run_method(
     instance: Any, method: str, args: tuple, kwargs: dict, *, rank: int, node: str | None
 ) -> tuple[bool, Any]:
-    """`(True, value)` of `instance.method(*args, **kwargs)`, or `(False, WorkerFailure)`."""
+    """`(True, value)` of `instance.method(*args, **kwargs)`, or `(False, WorkerFailure)`.
+
+    `SystemExit` from user code is that worker's failure (a `WorkerExitError`), not the end
+    of the process; `KeyboardInterrupt` is left alone here (in a process shared with the
+    driver it is the user's own Ctrl-C).
+    """
     try:
         return True, getattr(instance, method)(*args, **kwargs)
     except Exception as exc:
         return False, worker_failure(rank, exc, node)
+    except SystemExit as exc:
+        return False, worker_failure(rank, exit_error(exc, method, rank), node)

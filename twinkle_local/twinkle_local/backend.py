@@ -26,16 +26,12 @@ from twinkle_core import (
 from twinkle_core.plugin import (
     AcceleratorPlatform,
     ExecutionBackend,
-    WorkerFailure,
     WorkerGroup,
     WorkerPlacement,
+    WorkerState,
     detect_platform,
-    format_remote_traceback,
     get_platform,
-    get_rng_state,
-    seed_everything,
-    set_rng_state,
-    worker_context,
+    worker_failure,
 )
 
 from .calls import portable_failure
@@ -292,13 +288,13 @@ class LocalBackend(ExecutionBackend):
             WorkerPlacement(r, self.node_of(r), self._devices(group, r), group.device_type)
             for r in range(num_workers)
         ]
-        instance, context, state, failure = None, None, None, None
+        instance, state, failure = None, None, None
         if env.rank < num_workers:
             context = self._context(group, device_mesh, num_workers)
             instance, state, failure = self._construct(cls, args, kwargs, context)
         self._agree_on_construction(cls, group, failure)
         return LocalWorkerGroup(
-            self, group, device_mesh, cls, num_workers, placements, instance, context, state
+            self, group, device_mesh, cls, num_workers, placements, instance, state
         )
 
     def _devices(self, group: DeviceGroup, rank: int) -> tuple[int, ...]:
@@ -325,18 +321,14 @@ class LocalBackend(ExecutionBackend):
     def _construct(self, cls: type, args: tuple, kwargs: dict, context: WorkerContext):
         """Build this process's instance from the run's seed, with its own generators."""
         config = self.config
-        outer = get_rng_state()
+        a, k = copy.deepcopy((args, kwargs)) if self.isolate else (args, kwargs)
         try:
-            seed_everything(config.seed, config.full_determinism)
-            a, k = copy.deepcopy((args, kwargs)) if self.isolate else (args, kwargs)
-            with worker_context(context):
-                instance = cls(*a, **k)
-            return instance, get_rng_state(), None
+            instance, state = WorkerState.construct(
+                cls, a, k, context, seed=config.seed, full_determinism=config.full_determinism
+            )
         except Exception as exc:
-            failure = WorkerFailure(context.rank, exc, self.node, format_remote_traceback(exc))
-            return None, None, failure
-        finally:
-            set_rng_state(outer)
+            return None, None, worker_failure(context.rank, exc, self.node)
+        return instance, state, None
 
     def _agree_on_construction(self, cls: type, group: DeviceGroup, failure) -> None:
         """Every process learns whether every instance was built, and raises the same error."""

@@ -10,7 +10,13 @@ import pickle
 from typing import Any
 
 from twinkle_core import DeviceMesh, TwinkleError
-from twinkle_core.plugin import Collector, CompletedCall, WorkerFailure, WorkersFailedError
+from twinkle_core.plugin import (
+    Collector,
+    CompletedCall,
+    WorkerFailure,
+    WorkersFailedError,
+    portable_exception,
+)
 
 _UNSET = object()
 
@@ -73,13 +79,10 @@ def portable_failure(failure: WorkerFailure) -> WorkerFailure:
 
     The stand-in keeps the original type name and message, and the traceback text travels too.
     """
-    try:
-        pickle.loads(pickle.dumps(failure.exception))
+    carried = portable_exception(failure.exception, failure.traceback)
+    if carried is failure.exception:
         return failure
-    except Exception:
-        exc = failure.exception
-        stand_in = RuntimeError(f"{type(exc).__module__}.{type(exc).__qualname__}: {exc}")
-        return WorkerFailure(failure.rank, stand_in, failure.node, failure.traceback)
+    return WorkerFailure(failure.rank, carried, failure.node, failure.traceback)
 
 
 def encode(ok: bool, value: Any, rank: int, node: str | None, label: str) -> bytes:

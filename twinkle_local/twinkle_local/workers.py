@@ -9,9 +9,7 @@ Calls made inside a worker (one remote object using another) run only on this pr
 
 from __future__ import annotations
 
-import contextlib
 import copy
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from twinkle_core import (
@@ -19,7 +17,6 @@ from twinkle_core import (
     DeviceGroup,
     DeviceMesh,
     NotInitializedError,
-    WorkerContext,
     WorkerDiedError,
     get_worker_context,
 )
@@ -29,12 +26,10 @@ from twinkle_core.plugin import (
     WorkerFailure,
     WorkerGroup,
     WorkerPlacement,
+    WorkerState,
     call_mesh,
-    format_remote_traceback,
-    get_rng_state,
     representatives,
-    set_rng_state,
-    worker_context,
+    run_method,
 )
 
 from . import numeric
@@ -59,44 +54,29 @@ class LocalWorkerGroup(WorkerGroup):
         size: int,
         placements: list[WorkerPlacement],
         instance: Any,
-        context: WorkerContext | None,
-        rng_state: dict[str, Any] | None,
+        state: WorkerState | None,
     ) -> None:
         super().__init__(group, device_mesh, cls.__name__, size, placements)
         self.backend = backend
         self.cls = cls
         self.instance = instance
-        self.context = context
-        self.rng_state = rng_state
+        #: This process's worker (its context and random generators); None when idle.
+        self.state = state
 
     # ----------------------------------------------------------------- running
     @property
     def holds_worker(self) -> bool:
-        return self.context is not None
-
-    @contextlib.contextmanager
-    def as_worker(self) -> Iterator[None]:
-        """Run as this process's worker: its context and its own random generators."""
-        outer_state = get_rng_state()
-        set_rng_state(self.rng_state)
-        try:
-            with worker_context(self.context):
-                yield
-        finally:
-            self.rng_state = get_rng_state()
-            set_rng_state(outer_state)
+        return self.state is not None
 
     def _run(self, method: str, call: WorkerCall) -> tuple[bool, Any]:
+        assert self.state is not None, "only a process holding a worker runs calls"
         args, kwargs = call.args, call.kwargs
         if self.backend.isolate:
             args, kwargs = copy.deepcopy((args, kwargs))
-        with self.as_worker():
-            try:
-                return True, getattr(self.instance, method)(*args, **kwargs)
-            except Exception as exc:
-                return False, WorkerFailure(
-                    call.rank, exc, self.backend.node, format_remote_traceback(exc)
-                )
+        with self.state.activate():
+            return run_method(
+                self.instance, method, args, kwargs, rank=call.rank, node=self.backend.node
+            )
 
     def submit(
         self,

@@ -9,15 +9,24 @@ hands the arguments straight to the class's own `__init__`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import ray
 
-from twinkle_core.plugin import WorkerContext, seed_everything, set_process_worker_context
+from twinkle_core.plugin import (
+    WorkerContext,
+    exit_error,
+    format_remote_traceback,
+    portable_exception,
+    seed_everything,
+    set_process_worker_context,
+)
 
 from .transfer import materialize, register_tensor_serializer, result_meta
 
@@ -111,7 +120,8 @@ class TwinkleActor:
         set_process_worker_context(ctx)
         seed_everything(seed, full_determinism)
         args, kwargs = _unflatten(values, kwnames, has_remote)
-        self.instance = cls(*args, **kwargs)
+        with _portable_errors("__init__", ctx.rank):
+            self.instance = cls(*args, **kwargs)
         self._maybe_register_tensors()
         return True
 
@@ -120,7 +130,8 @@ class TwinkleActor:
     ) -> tuple[Any, Any]:
         """Run one method of the user's object; returns (value, small metadata about it)."""
         args, kwargs = _unflatten(values, kwnames, has_remote)
-        value = getattr(self.instance, method)(*args, **kwargs)
+        with _portable_errors(method, self.boot.rank):
+            value = getattr(self.instance, method)(*args, **kwargs)
         self._maybe_register_tensors()
         return value, result_meta(value)
 
@@ -133,6 +144,27 @@ class TwinkleActor:
     def _maybe_register_tensors(self) -> None:
         if "torch" in sys.modules:
             register_tensor_serializer()
+
+
+@contextlib.contextmanager
+def _portable_errors(method: str, rank: int) -> Iterator[None]:
+    """Let every exception user code raises reach the driver with its type.
+
+    Ray rebuilds an exception on the driver by calling its class with its `args`, which fails
+    for classes whose `__init__` takes other arguments (and pickling fails for ones holding a
+    lock or a socket); those travel as a `PortableException` that unpickles as the original
+    type. `SystemExit` and `KeyboardInterrupt` would end or cancel the actor: they become a
+    `WorkerExitError` of this call.
+    """
+    try:
+        yield
+    except Exception as exc:
+        carried = portable_exception(exc, format_remote_traceback(exc))
+        if carried is exc:
+            raise
+        raise carried.with_traceback(exc.__traceback__) from None
+    except (SystemExit, KeyboardInterrupt) as exc:
+        raise exit_error(exc, method, rank) from None
 
 
 def flatten_call(args: tuple, kwargs: dict) -> tuple[tuple[str, ...], tuple]:

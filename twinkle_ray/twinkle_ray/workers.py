@@ -31,6 +31,7 @@ from twinkle_core.plugin import (
     WorkerPlacement,
     WorkersFailedError,
     format_remote_traceback,
+    rebuilt,
     representatives,
 )
 
@@ -308,7 +309,9 @@ class RayWorkerGroup(WorkerGroup):
                     cause = exc.as_instanceof_cause()
                 except Exception:
                     cause = exc
-            return WorkerFailure(rank, cause, node, getattr(exc, "traceback_str", "") or str(exc))
+            return WorkerFailure(
+                rank, rebuilt(cause), node, getattr(exc, "traceback_str", "") or str(exc)
+            )
         return WorkerFailure(rank, exc, node, format_remote_traceback(exc))
 
     def on_failures(self, failures: list[WorkerFailure]) -> None:

@@ -20,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "integration"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import conformance
+import design_example
 import scenarios
 
 from twinkle_core import (
@@ -153,6 +154,7 @@ def main() -> None:
     emit("reference_scenarios", scenarios.run("inprocess"))
     emit("local_conformance", conformance.run("local"))
     emit("local_scenarios", scenarios.run("local", timeout=120))
+    emit("design", design_example.run("local"))
     emit("checks", local_checks())
     emit("user_group", user_group_checks())
     out = Path(sys.argv[1]) / f"rank{RANK}.json"

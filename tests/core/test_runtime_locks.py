@@ -1,0 +1,115 @@
+"""No lock in core is held while calling code that may take another (review note in runtime.py).
+
+Each test would hang on the old call path; pytest-timeout and the bounded waits below turn a
+hang into a failure instead of a stuck suite.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from twinkle_core import (
+    CallTimeoutError,
+    DeviceGroup,
+    hookimpl,
+    initialize,
+    remote_class,
+    remote_function,
+    shutdown,
+)
+from twinkle_core.plugins import plugin_system, reset_plugins
+
+
+@remote_class()
+class Worker:
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+
+    @remote_function(dispatch="all", collect="first")
+    def fail(self):
+        raise ValueError("nobody collects this")
+
+    @remote_function(dispatch="all", collect="first")
+    def ok(self):
+        return "ok"
+
+
+def _in_thread(fn, timeout: float = 60.0):
+    """Run `fn` in a thread; fail (instead of hanging) when it does not finish in time."""
+    box: dict = {}
+
+    def target():
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # pragma: no cover - reported below
+            box["error"] = exc
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    assert not thread.is_alive(), f"{fn} did not finish within {timeout}s: a lock is held"
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def test_a_call_after_an_uncollected_failure_returns():
+    initialize("inprocess", groups=[DeviceGroup("g", 2)])
+    w = Worker(remote_group="g")
+    w.fail()  # never collected: settled by the next calls' bookkeeping
+    assert _in_thread(lambda: [w.ok()() for _ in range(10)]) == ["ok"] * 10
+    shutdown()
+
+
+def test_a_failure_hook_may_make_remote_calls():
+    """Reporting a failure runs hooks without the runtime's lock: a hook calling back in works."""
+    seen = []
+
+    class CallsBack:
+        @hookimpl
+        def twinkle_remote_failure(self, failure):
+            seen.append((failure.method, w.ok()(timeout=30)))
+
+    reset_plugins()
+    plugin = CallsBack()
+    plugin_system().pm.register(plugin, name="calls-back")
+    try:
+        initialize("inprocess", groups=[DeviceGroup("g", 2)])
+        w = Worker(remote_group="g")
+        with pytest.raises(ValueError):
+            _in_thread(lambda: w.fail()())
+        assert seen == [("Worker.fail", "ok")]
+        w.fail()
+        _in_thread(lambda: [w.ok() for _ in range(8)])  # settles the failure, hook calls back
+        shutdown()
+    finally:
+        reset_plugins()
+
+
+def test_tracking_many_calls_keeps_only_those_in_flight():
+    initialize("inprocess", groups=[DeviceGroup("g", 2)])
+    w = Worker(remote_group="g")
+    from twinkle_core.runtime import current_runtime
+
+    for _ in range(2000):
+        w.ok()  # finished at once, never collected
+    assert len(current_runtime()._pending) <= 2 * current_runtime().SWEEP
+    shutdown()
+
+
+def test_a_second_waiter_is_bounded_by_its_own_timeout():
+    from twinkle_core import LazyCollect
+
+    release = threading.Event()
+    lazy = LazyCollect(lambda timeout: release.wait(30) and "value", lambda: release.is_set())
+    holder = threading.Thread(target=lazy, daemon=True)
+    holder.start()
+    while not lazy._lock.locked():
+        threading.Event().wait(0.01)
+    with pytest.raises(CallTimeoutError, match="another thread is collecting it"):
+        lazy(timeout=0.2)
+    release.set()
+    holder.join(30)
+    assert lazy() == "value"
