@@ -1,0 +1,823 @@
+# `remote_class()` is typed as returning the class unchanged, so mypy rejects the remote_group=
+# and device_mesh= keywords its constructor takes; they are what this module is about.
+# mypy: disable-error-code="call-arg"
+"""The conformance checks: short driver programs with their expected values written down.
+
+Every expected value below is a literal worked out from the documented semantics (docs/concepts.md),
+never a value computed by another backend in the same run, so a backend and a reference broken
+the same way still fail. Each check runs in a run of its own (see `runner.run_check`) with the
+device groups it declares; remote classes live at module level so every backend can rebuild
+them in its workers by import.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from typing import Any
+
+import numpy as np
+
+from twinkle_core import (
+    CallTimeoutError,
+    ConfigurationError,
+    DeviceMesh,
+    get_worker_context,
+    remote_class,
+    remote_function,
+)
+
+from .runner import Check, CheckFailed, expect, expect_raises, expect_true, notes_of, show
+
+# ----------------------------------------------------------------------------- call sites
+# Core names the user's own line in a failure (`[twinkle driver caller: FILE:LINE]`) and skips
+# every frame of twinkle's own packages, this kit included. Calls whose call site a check looks
+# at are therefore made from this two-line driver module, compiled under a name of its own:
+# the expected tag is a literal.
+DRIVER_FILE = "twinkle-conformance-driver"
+_DRIVER_SOURCE = """\
+def call(method, *args, **kwargs):
+    return method(*args, **kwargs)
+"""
+_driver: dict[str, Any] = {"__name__": "twinkle_conformance_driver"}
+exec(compile(_DRIVER_SOURCE, DRIVER_FILE, "exec"), _driver)
+driver_call = _driver["call"]
+
+#: The tag core puts on failures of calls made through `driver_call` (line 2 above).
+CALLER_TAG = "[twinkle driver caller: twinkle-conformance-driver:2]"
+
+
+def _rank() -> int:
+    ctx = get_worker_context()
+    if ctx is None:
+        raise RuntimeError("a remote method ran without a worker context")
+    return ctx.rank
+
+
+# ----------------------------------------------------------------------------- strategies
+def stride_dispatch(args: tuple, kwargs: dict, n_workers: int, device_mesh: DeviceMesh) -> list:
+    """A callable dispatcher: worker i gets every n-th item from i, and the worker count."""
+    items = args[0]
+    return [((items[i::n_workers],), {"n": n_workers}) for i in range(n_workers)]
+
+
+def one_share_dispatch(args: tuple, kwargs: dict, n_workers: int, device_mesh: DeviceMesh) -> list:
+    """A broken dispatcher: one share, whatever the number of workers."""
+    return [(args, kwargs)]
+
+
+def spread_collect(results: list, device_mesh: DeviceMesh | None) -> dict:
+    """A callable collector: the spread of the results and what it was given."""
+    return {
+        "min": min(results),
+        "max": max(results),
+        "n": len(results),
+        "world": None if device_mesh is None else device_mesh.world_size,
+    }
+
+
+# ----------------------------------------------------------------------------- remote classes
+@remote_class()
+class Probe:
+    """Reports what each worker received; one method per dispatch/execute/collect setting."""
+
+    def __init__(self) -> None:
+        self.runs = 0
+
+    @remote_function(dispatch="all", collect="none")
+    def all_args(self, items, scale, name=None):
+        return [_rank(), items, scale, name]
+
+    @remote_function(dispatch="slice", collect="none")
+    def slice_args(self, items, scale, pair):
+        return [_rank(), items, scale, list(pair)]
+
+    @remote_function(dispatch="slice_dp", collect="none")
+    def dp_args(self, batch):
+        ctx = get_worker_context()
+        return [
+            ctx.rank,
+            ctx.data_rank,
+            list(batch["x"]),
+            [int(v) for v in batch["y"]],
+            list(batch["z"]),
+            batch["tag"],
+        ]
+
+    @remote_function(dispatch=stride_dispatch, collect="none")
+    def strided(self, items, n):
+        return [_rank(), items, n]
+
+    @remote_function(dispatch=one_share_dispatch, collect="none")
+    def one_share(self, x):
+        self.runs += 1
+        return x
+
+    @remote_function(dispatch="all", collect="none")
+    def identity(self):
+        ctx = get_worker_context()
+        return [ctx.rank, ctx.world_size, ctx.group_name, ctx.data_rank, ctx.data_world_size]
+
+    @remote_function(dispatch="all", execute="first", collect="none")
+    def first_only(self, x):
+        self.runs += 1
+        return [_rank(), x]
+
+    @remote_function(dispatch="all", collect="none")
+    def run_count(self):
+        return self.runs
+
+    @remote_function(dispatch="all", collect="none")
+    def record(self):
+        r = _rank()
+        return {"rank": r, "square": r * r}
+
+    @remote_function(dispatch="slice", collect="flatten")
+    def times_ten(self, xs):
+        return [x * 10 for x in xs]
+
+    @remote_function(dispatch="slice_dp", collect="flatten")
+    def shard_items(self, batch):
+        return list(batch)
+
+    @remote_function(dispatch="slice_dp", collect="mean")
+    def shard_mean(self, batch):
+        return float(sum(batch))
+
+    @remote_function(dispatch="slice_dp", collect="mean")
+    def shard_size_mean(self, batch):
+        return len(batch)
+
+    @remote_function(dispatch="slice_dp", collect="sum")
+    def shard_sum(self, batch):
+        return float(sum(batch))
+
+    @remote_function(dispatch="slice_dp", collect="sum")
+    def shard_size_sum(self, batch):
+        return len(batch)
+
+    @remote_function(dispatch="slice_dp", collect="mean")
+    def tp_skewed_mean(self, batch):
+        # tp peers of one data shard return different values: only the collect rank counts.
+        ctx = get_worker_context()
+        return float(sum(batch)) + 100.0 * ctx.device_mesh.coordinate(ctx.rank, "tp")
+
+    @remote_function(dispatch="slice_dp", collect="sum")
+    def tp_skewed_sum(self, batch):
+        ctx = get_worker_context()
+        return float(sum(batch)) + 100.0 * ctx.device_mesh.coordinate(ctx.rank, "tp")
+
+    @remote_function(dispatch="all", collect="first")
+    def rank_code(self):
+        return _rank() * 100 + 7
+
+    @remote_function(dispatch="slice_dp", collect="concat")
+    def doubled(self, values):
+        return np.asarray(values) * 2
+
+    @remote_function(dispatch="slice_dp", collect="concat")
+    def plus_thousand(self, values):
+        return np.asarray(values) + 1000
+
+    @remote_function(dispatch="all", collect=spread_collect)
+    def tens(self):
+        return (_rank() + 1) * 10
+
+    @remote_function(dispatch="slice_dp", collect="mean")
+    def shard_stats(self, batch):
+        return {"loss": float(sum(batch)), "count": len(batch)}
+
+    @remote_function(dispatch="slice_dp", collect="sum")
+    def shard_pair(self, batch):
+        return (len(batch), float(batch[0]))
+
+    @remote_function(dispatch="all", collect="first")
+    def number(self, x):
+        return x
+
+    @remote_function(dispatch="all", collect="first")
+    def count_up(self, n):
+        return list(range(n))
+
+    @remote_function(dispatch="slice_dp", collect="none")
+    def dp_items(self, items):
+        return [_rank(), list(items)]
+
+    @remote_function(dispatch="all", collect="none")
+    def received(self, value):
+        return value
+
+
+@remote_class()
+class Stage:
+    """A two-stage pipeline (pp=2): reports its stage."""
+
+    def __init__(self) -> None:
+        pass
+
+    @remote_function(dispatch="all", collect="last_pp")
+    def stage(self, x):
+        ctx = get_worker_context()
+        return [x, ctx.rank, ctx.device_mesh.coordinate(ctx.rank, "pp")]
+
+    @remote_function(dispatch="all", collect="mean")
+    def stage_loss(self):
+        return float(_rank() * 10 + 1)
+
+
+@remote_class()
+class Answerer:
+    @remote_function(dispatch="all", execute="peer", collect="first")
+    def whoami(self):
+        return _rank()
+
+    @remote_function(dispatch="all", execute="peer", collect="none")
+    def whoami_all(self):
+        return _rank()
+
+
+@remote_class()
+class Asker:
+    @remote_function(dispatch="all", collect="none")
+    def ask(self, other):
+        # A remote object of another group, called from inside this group's worker.
+        return [_rank(), other.whoami()()]
+
+
+@remote_class()
+class MeshHolder:
+    """A class whose constructor declares `device_mesh`: twinkle hands it the object's mesh."""
+
+    def __init__(self, device_mesh, tag="default"):
+        self.device_mesh = device_mesh
+        self.tag = tag
+
+    @remote_function(dispatch="all", collect="none")
+    def describe(self):
+        mesh = self.device_mesh
+        if not isinstance(mesh, DeviceMesh):
+            return [_rank(), f"not a DeviceMesh: {mesh!r}", None, self.tag, False]
+        same_as_context = mesh == get_worker_context().device_mesh
+        return [_rank(), mesh.parallelism(), mesh.world_size, self.tag, same_as_context]
+
+
+@remote_class()
+class Offset:
+    def __init__(self, offset, extras=None):
+        self.offset = offset
+        self.extras = extras
+
+    @remote_function(dispatch="all", collect="none")
+    def values(self):
+        return [self.offset + _rank(), self.extras]
+
+
+@remote_class()
+class Loader:
+    """A data loader: iterating the driver object iterates the first worker."""
+
+    def __init__(self, n):
+        self.n = n
+        self.i = 0
+
+    def __iter__(self):
+        self.i = 0
+        return self
+
+    def __next__(self):
+        if self.i >= self.n:
+            raise StopIteration
+        self.i += 1
+        return [_rank(), self.i * 10]
+
+
+@remote_class()
+class Dice:
+    """Draws from numpy's and python's generators when built and when asked."""
+
+    def __init__(self):
+        self.first = [int(np.random.randint(0, 10**6)), random.randrange(10**6)]
+
+    @remote_function(dispatch="all", collect="none")
+    def draws(self):
+        return [*self.first, int(np.random.randint(0, 10**6))]
+
+
+class TwoArgError(Exception):
+    """An exception whose `__init__` takes two required arguments but passes one message on:
+    plain pickling cannot rebuild it (`TwoArgError("42: boom")` misses an argument)."""
+
+    def __init__(self, code, detail):
+        super().__init__(f"{code}: {detail}")
+        self.code = code
+        self.detail = detail
+
+
+class LockedError(RuntimeError):
+    """An exception holding an attribute that cannot be pickled."""
+
+    def __init__(self, message):
+        super().__init__(message)
+        self.lock = threading.Lock()
+
+
+@remote_class()
+class Faulty:
+    """Rank 1 raises exceptions of every shape, so they travel to the driver (and to rank 0)."""
+
+    @remote_function(dispatch="all", collect="none")
+    def value_error(self, x):
+        if _rank() == 1:
+            raise ValueError(f"bad batch {x}")
+        return x
+
+    @remote_function(dispatch="all", collect="none")
+    def key_error(self):
+        if _rank() == 1:
+            raise KeyError("missing_key")
+        return 0
+
+    @remote_function(dispatch="all", collect="none")
+    def os_error(self):
+        if _rank() == 1:
+            raise FileNotFoundError(2, "No such file or directory", "/nonexistent/twinkle.txt")
+        return 0
+
+    @remote_function(dispatch="all", collect="none")
+    def two_arg_error(self):
+        if _rank() == 1:
+            raise TwoArgError(42, "boom")
+        return 0
+
+    @remote_function(dispatch="all", collect="none")
+    def locked_error(self):
+        if _rank() == 1:
+            raise LockedError("resource busy")
+        return 0
+
+    @remote_function(dispatch="all", collect="none", timeout=0.5)
+    def slow(self, seconds):
+        time.sleep(seconds)
+        return seconds
+
+    @remote_function(dispatch="all", collect="none")
+    def quick(self, x):
+        return x
+
+
+# ----------------------------------------------------------------------------- the checks
+BATCH = {"x": [0, 1, 2, 3, 4, 5, 6], "y": np.arange(7) * 10, "z": (0, 1, 2, 3), "tag": "t"}
+
+
+def check_dispatch_all() -> None:
+    probe = Probe(remote_group="two")
+    expect(
+        "all_args([1, 2, 3], 7, name='n') with dispatch='all'",
+        probe.all_args([1, 2, 3], 7, name="n")(),
+        [[0, [1, 2, 3], 7, "n"], [1, [1, 2, 3], 7, "n"]],
+    )
+
+
+def check_dispatch_slice() -> None:
+    probe = Probe(remote_group="two")
+    expect(
+        "slice_args([1, 2, 3, 4, 5], 7, (9, 8)) with dispatch='slice'",
+        probe.slice_args([1, 2, 3, 4, 5], 7, (9, 8))(),
+        [[0, [1, 2, 3], 7, [9, 8]], [1, [4, 5], 7, [9, 8]]],
+    )
+
+
+def check_dispatch_slice_dp() -> None:
+    probe = Probe(remote_group="two")
+    expect(
+        "dp_args(batch of 7) with dispatch='slice_dp' on dp=2",
+        probe.dp_args(BATCH)(),
+        [
+            [0, 0, [0, 1, 2, 3], [0, 10, 20, 30], [0, 1], "t"],
+            [1, 1, [4, 5, 6], [40, 50, 60], [2, 3], "t"],
+        ],
+    )
+
+
+def check_dispatch_callable() -> None:
+    probe = Probe(remote_group="two")
+    expect(
+        "strided([10, 20, 30, 40, 50]) with a function as dispatcher",
+        probe.strided([10, 20, 30, 40, 50])(),
+        [[0, [10, 30, 50], 2], [1, [20, 40], 2]],
+    )
+
+
+def check_dispatch_wrong_share_count() -> None:
+    probe = Probe(remote_group="two")
+    exc = expect_raises(
+        "a dispatcher returning 1 share for 2 workers",
+        lambda: probe.one_share(5)(),
+        ConfigurationError,
+    )
+    expect_true(
+        "a ConfigurationError saying '1 entries for 2 workers'",
+        "1 entries for 2 workers" in str(exc),
+        str(exc),
+    )
+    expect("run_count() after the rejected call", probe.run_count()(), [0, 0])
+
+
+def check_execute_all() -> None:
+    probe = Probe(remote_group="two")
+    expect(
+        "identity() with execute='all'",
+        probe.identity()(),
+        [[0, 2, "two", 0, 2], [1, 2, "two", 1, 2]],
+    )
+
+
+def check_execute_first_collect_none() -> None:
+    probe = Probe(remote_group="two")
+    expect("first_only(5) with execute='first', collect='none'", probe.first_only(5)(), [[0, 5]])
+    expect("run_count() of each worker after first_only", probe.run_count()(), [1, 0])
+
+
+def check_execute_peer() -> None:
+    asker = Asker(remote_group="two")
+    answerer = Answerer(remote_group="other")
+    expect(
+        "ask(answerer): whoami() with execute='peer' from inside each worker",
+        asker.ask(answerer)(),
+        [[0, 0], [1, 1]],
+    )
+    expect(
+        "whoami_all() with execute='peer' from the driver (every worker)",
+        answerer.whoami_all()(),
+        [0, 1],
+    )
+
+
+def check_collect_none() -> None:
+    probe = Probe(remote_group="two")
+    expect(
+        "record() with collect='none'",
+        probe.record()(),
+        [{"rank": 0, "square": 0}, {"rank": 1, "square": 1}],
+    )
+
+
+def check_collect_flatten() -> None:
+    probe = Probe(remote_group="two")
+    expect(
+        "times_ten([1, 2, 3, 4, 5]) with collect='flatten'",
+        probe.times_ten([1, 2, 3, 4, 5])(),
+        [10, 20, 30, 40, 50],
+    )
+
+
+def check_collect_mean() -> None:
+    probe = Probe(remote_group="two")
+    batch = [1, 2, 3, 4, 5, 6, 7]
+    expect("shard_mean([1..7]) with collect='mean' (10.0, 18.0)", probe.shard_mean(batch)(), 14.0)
+    expect("shard_size_mean([1..7]) with collect='mean' (4+3)", probe.shard_size_mean(batch)(), 3.5)
+
+
+def check_collect_sum() -> None:
+    probe = Probe(remote_group="two")
+    batch = [1, 2, 3, 4, 5, 6, 7]
+    expect("shard_sum([1..7]) with collect='sum'", probe.shard_sum(batch)(), 28.0)
+    expect("shard_size_sum([1..7]) with collect='sum'", probe.shard_size_sum(batch)(), 7)
+
+
+def check_collect_first() -> None:
+    probe = Probe(remote_group="two")
+    expect("rank_code() with collect='first' (rank * 100 + 7)", probe.rank_code()(), 7)
+
+
+def check_collect_last_pp() -> None:
+    stage = Stage(remote_group="two", device_mesh=DeviceMesh.from_sizes(pp_size=2))
+    expect("stage('x') with collect='last_pp' on pp=2", stage.stage("x")(), [["x", 1, 1]])
+    expect(
+        "stage_loss() with collect='mean' on pp=2 (the last stage stands for the shard)",
+        stage.stage_loss()(),
+        11.0,
+    )
+
+
+def check_collect_concat() -> None:
+    probe = Probe(remote_group="two")
+    expect(
+        "doubled(np.arange(6)) with slice_dp and collect='concat'",
+        probe.doubled(np.arange(6))(),
+        np.array([0, 2, 4, 6, 8, 10]),
+    )
+
+
+def check_collect_callable() -> None:
+    probe = Probe(remote_group="two")
+    expect(
+        "tens() with a function as collector",
+        probe.tens()(),
+        {"min": 10, "max": 20, "n": 2, "world": 2},
+    )
+
+
+def check_collect_dict_per_key() -> None:
+    probe = Probe(remote_group="two")
+    expect(
+        "shard_stats([1..7]) with collect='mean' over dict results",
+        probe.shard_stats([1, 2, 3, 4, 5, 6, 7])(),
+        {"loss": 14.0, "count": 3.5},
+    )
+
+
+def check_collect_tuple_elementwise() -> None:
+    probe = Probe(remote_group="two")
+    expect(
+        "shard_pair([1..7]) with collect='sum' over tuple results",
+        probe.shard_pair([1, 2, 3, 4, 5, 6, 7])(),
+        (7, 6.0),
+    )
+
+
+def check_device_mesh_keyword() -> None:
+    holder = MeshHolder(
+        device_mesh=DeviceMesh.from_sizes(pp_size=2), tag="kw", remote_group="two"
+    )
+    expect(
+        "MeshHolder(device_mesh=pp=2 mesh, tag='kw').describe()",
+        holder.describe()(),
+        [[0, {"pp": 2}, 2, "kw", True], [1, {"pp": 2}, 2, "kw", True]],
+    )
+
+
+def check_device_mesh_positional() -> None:
+    holder = MeshHolder(DeviceMesh.from_sizes(tp_size=2), "pos", remote_group="two")
+    expect(
+        "MeshHolder(tp=2 mesh, 'pos').describe() (mesh passed positionally)",
+        holder.describe()(),
+        [[0, {"tp": 2}, 2, "pos", True], [1, {"tp": 2}, 2, "pos", True]],
+    )
+
+
+def check_device_mesh_default() -> None:
+    holder = MeshHolder(remote_group="two")
+    expect(
+        "MeshHolder().describe() (no mesh passed: the group's default dp mesh)",
+        holder.describe()(),
+        [[0, {"dp": 2}, 2, "default", True], [1, {"dp": 2}, 2, "default", True]],
+    )
+
+
+def check_lazy_to_group_of_other_size() -> None:
+    two = Probe(remote_group="two")
+    one = Probe(remote_group="one")
+    doubled = two.doubled(np.arange(6))  # collected from 2 workers, consumed by 1
+    expect(
+        "one.plus_thousand(two.doubled(np.arange(6)))",
+        one.plus_thousand(doubled)(),
+        np.array([1000, 1002, 1004, 1006, 1008, 1010]),
+    )
+    items = one.count_up(4)  # collected from 1 worker, sliced for 2
+    expect("two.dp_items(one.count_up(4))", two.dp_items(items)(), [[0, [0, 1]], [1, [2, 3]]])
+
+
+def check_lazy_to_constructor() -> None:
+    one = Probe(remote_group="one")
+    offset = Offset(one.number(5), extras={"list": [one.number(7)]}, remote_group="two")
+    expect(
+        "Offset(one.number(5), extras={'list': [one.number(7)]}).values()",
+        offset.values()(),
+        [[5, {"list": [7]}], [6, {"list": [7]}]],
+    )
+
+
+def check_lazy_nested_in_arguments() -> None:
+    one = Probe(remote_group="one")
+    two = Probe(remote_group="two")
+    argument = {"a": one.number(5), "b": [one.count_up(4), 3]}
+    expect(
+        "two.received({'a': one.number(5), 'b': [one.count_up(4), 3]})",
+        two.received(argument)(),
+        [{"a": 5, "b": [[0, 1, 2, 3], 3]}, {"a": 5, "b": [[0, 1, 2, 3], 3]}],
+    )
+
+
+def check_iterate_remote_loader() -> None:
+    loader = Loader(3, remote_group="two")
+    expect("[item for item in loader]", [item for item in loader], [[0, 10], [0, 20], [0, 30]])
+    expect("iterating the loader again", list(loader), [[0, 10], [0, 20], [0, 30]])
+    iterator = iter(loader)
+    expect("next(iter(loader))", next(iterator), [0, 10])
+
+
+def check_seeded_random() -> None:
+    draws = Dice(remote_group="two").draws()()
+    expect_true(
+        "every worker built from seed 1234 to draw the same numbers",
+        isinstance(draws, list) and len(draws) == 2 and draws[0] == draws[1],
+        draws,
+    )
+    # numpy's legacy generator and python's `random` are stable across versions and platforms:
+    # seeded with 1234, the first numpy draw in [0, 1e6), python's, then numpy's second.
+    expect("Dice(seed 1234).draws() on rank 0", draws[0], [486191, 815965, 451283])
+
+
+def _expect_tagged_message(what: str, exc: BaseException, message: str) -> None:
+    expect(f"{what}: str(exception)", str(exc), f"{CALLER_TAG} {message}")
+
+
+def _expect_tag_in_notes(what: str, exc: BaseException) -> None:
+    notes = notes_of(exc)
+    if CALLER_TAG not in notes:
+        raise CheckFailed(f"{what}: expected {CALLER_TAG!r} in __notes__, got {show(notes)}")
+
+
+def _expect_failing_rank(what: str, exc: BaseException) -> None:
+    if not any("failed in group 'two' on rank 1" in n for n in notes_of(exc)):
+        raise CheckFailed(
+            f"{what}: expected a note naming \"failed in group 'two' on rank 1\", got "
+            f"{show(notes_of(exc))}"
+        )
+
+
+def check_error_value_error() -> None:
+    faulty = Faulty(remote_group="two")
+    exc = expect_raises(
+        "value_error(7) raising on rank 1", lambda: driver_call(faulty.value_error, 7)(), ValueError
+    )
+    _expect_tagged_message("ValueError", exc, "bad batch 7")
+    _expect_failing_rank("ValueError", exc)
+
+
+def check_error_key_error() -> None:
+    faulty = Faulty(remote_group="two")
+    exc = expect_raises(
+        "key_error() raising on rank 1", lambda: driver_call(faulty.key_error)(), KeyError
+    )
+    expect("KeyError.args", exc.args, ("missing_key",))
+    _expect_tag_in_notes("KeyError", exc)
+    _expect_failing_rank("KeyError", exc)
+
+
+def check_error_os_error() -> None:
+    faulty = Faulty(remote_group="two")
+    exc = expect_raises(
+        "os_error() raising on rank 1", lambda: driver_call(faulty.os_error)(), FileNotFoundError
+    )
+    expect("FileNotFoundError.errno", exc.errno, 2)
+    expect("FileNotFoundError.strerror", exc.strerror, "No such file or directory")
+    expect("FileNotFoundError.filename", exc.filename, "/nonexistent/twinkle.txt")
+    _expect_tag_in_notes("FileNotFoundError", exc)
+    _expect_failing_rank("FileNotFoundError", exc)
+
+
+def check_error_two_arg_init() -> None:
+    faulty = Faulty(remote_group="two")
+    exc = expect_raises(
+        "two_arg_error() raising on rank 1",
+        lambda: driver_call(faulty.two_arg_error)(),
+        TwoArgError,
+    )
+    expect("TwoArgError attributes (code, detail)", [exc.code, exc.detail], [42, "boom"])
+    _expect_tagged_message("TwoArgError", exc, "42: boom")
+    _expect_failing_rank("TwoArgError", exc)
+
+
+def check_error_unpicklable_attribute() -> None:
+    faulty = Faulty(remote_group="two")
+    exc = expect_raises(
+        "locked_error() raising on rank 1 (an exception holding a threading.Lock)",
+        lambda: driver_call(faulty.locked_error)(),
+        LockedError,
+    )
+    _expect_tagged_message("LockedError", exc, "resource busy")
+    _expect_failing_rank("LockedError", exc)
+
+
+def check_timeout_per_method() -> None:
+    faulty = Faulty(remote_group="two")
+    slow = driver_call(faulty.slow, 2.0)  # @remote_function(timeout=0.5)
+    started = time.monotonic()
+    try:
+        value = slow()
+    except CallTimeoutError as exc:
+        waited = time.monotonic() - started
+        expect_true(
+            f"the CallTimeoutError's message to start with {CALLER_TAG!r}",
+            str(exc).startswith(CALLER_TAG),
+            str(exc),
+        )
+        expect_true("the wait to end before the 2 s call did (timeout 0.5 s)", waited < 1.9, waited)
+    except Exception as exc:
+        raise CheckFailed(
+            f"slow(2.0) with timeout=0.5: expected CallTimeoutError, got "
+            f"{type(exc).__qualname__}: {show(str(exc))}"
+        ) from exc
+    else:
+        raise CheckFailed(
+            f"slow(2.0) with timeout=0.5: expected CallTimeoutError, got the value {show(value)}"
+        )
+    expect("quick(5) after the timed-out call", faulty.quick(5)(), [5, 5])
+
+
+def check_mesh_dp2_tp2_slice_dp() -> None:
+    probe = Probe(remote_group="four", device_mesh=DeviceMesh.from_sizes(dp_size=2, tp_size=2))
+    shard0 = [[0, 1, 2, 3], [0, 10, 20, 30], [0, 1], "t"]
+    shard1 = [[4, 5, 6], [40, 50, 60], [2, 3], "t"]
+    expect(
+        "dp_args(batch of 7) with slice_dp on dp=2 x tp=2",
+        probe.dp_args(BATCH)(),
+        [[0, 0, *shard0], [1, 0, *shard0], [2, 1, *shard1], [3, 1, *shard1]],
+    )
+    expect(
+        "identity() on dp=2 x tp=2",
+        probe.identity()(),
+        [[0, 4, "four", 0, 2], [1, 4, "four", 0, 2], [2, 4, "four", 1, 2], [3, 4, "four", 1, 2]],
+    )
+
+
+def check_mesh_dp2_tp2_reductions() -> None:
+    probe = Probe(remote_group="four", device_mesh=DeviceMesh.from_sizes(dp_size=2, tp_size=2))
+    batch = [1, 2, 3, 4, 5, 6, 7]
+    # Data shards [1, 2, 3, 4] and [5, 6, 7]; tp rank 1 adds 100 to its value, so counting a
+    # tp peer would show. Each data shard counts once, through its tp-rank-0 worker.
+    expect("tp_skewed_mean([1..7]) with collect='mean'", probe.tp_skewed_mean(batch)(), 14.0)
+    expect("tp_skewed_sum([1..7]) with collect='sum'", probe.tp_skewed_sum(batch)(), 28.0)
+    expect("shard_size_sum([1..7]) with collect='sum'", probe.shard_size_sum(batch)(), 7)
+    expect(
+        "shard_items([1..7]) with collect='flatten'",
+        probe.shard_items(batch)(),
+        [1, 2, 3, 4, 5, 6, 7],
+    )
+    expect(
+        "doubled(np.arange(1, 8)) with collect='concat'",
+        probe.doubled(np.arange(1, 8))(),
+        np.array([2, 4, 6, 8, 10, 12, 14]),
+    )
+
+
+TWO = (("two", 2),)
+_CHECKS: tuple[Check, ...] = (
+    Check("dispatch_all", "dispatch='all': every worker gets the full arguments", TWO,
+          check_dispatch_all),
+    Check("dispatch_slice", "dispatch='slice': lists split, earlier workers take the remainder",
+          TWO, check_dispatch_slice),
+    Check("dispatch_slice_dp", "dispatch='slice_dp': dicts walked, lists/arrays/tuples sliced",
+          TWO, check_dispatch_slice_dp),
+    Check("dispatch_callable", "a plain function as dispatcher", TWO, check_dispatch_callable),
+    Check("dispatch_wrong_share_count", "a dispatcher returning the wrong number of shares is a "
+          "ConfigurationError, and nothing runs", TWO, check_dispatch_wrong_share_count),
+    Check("execute_all", "execute='all' with each worker's context", TWO, check_execute_all),
+    Check("execute_first_collect_none", "execute='first' runs on worker 0 only", TWO,
+          check_execute_first_collect_none),
+    Check("execute_peer", "execute='peer' from inside a worker and from the driver",
+          (("two", 2), ("other", 2)), check_execute_peer),
+    Check("collect_none", "collect='none': every result in rank order", TWO, check_collect_none),
+    Check("collect_flatten", "collect='flatten': list results joined", TWO, check_collect_flatten),
+    Check("collect_mean", "collect='mean' over data shards", TWO, check_collect_mean),
+    Check("collect_sum", "collect='sum' over data shards", TWO, check_collect_sum),
+    Check("collect_first", "collect='first': rank 0's result", TWO, check_collect_first),
+    Check("collect_last_pp", "collect='last_pp' (and mean) on a pp=2 mesh", TWO,
+          check_collect_last_pp),
+    Check("collect_concat", "collect='concat' of numpy arrays", TWO, check_collect_concat),
+    Check("collect_callable", "a plain function as collector", TWO, check_collect_callable),
+    Check("collect_dict_per_key", "dict results are collected per key", TWO,
+          check_collect_dict_per_key),
+    Check("collect_tuple_elementwise", "tuple results are collected element-wise", TWO,
+          check_collect_tuple_elementwise),
+    Check("device_mesh_keyword", "__init__(self, device_mesh) receives a mesh given by keyword",
+          TWO, check_device_mesh_keyword),
+    Check("device_mesh_positional", "__init__(self, device_mesh) receives a mesh given "
+          "positionally", TWO, check_device_mesh_positional),
+    Check("device_mesh_default", "__init__(self, device_mesh) receives the default mesh", TWO,
+          check_device_mesh_default),
+    Check("lazy_to_group_of_other_size", "a LazyCollect passed to a group of another size",
+          (("two", 2), ("one", 1)), check_lazy_to_group_of_other_size),
+    Check("lazy_to_constructor", "LazyCollects passed to a constructor (also nested)",
+          (("two", 2), ("one", 1)), check_lazy_to_constructor),
+    Check("lazy_nested_in_arguments", "LazyCollects nested in a dict/list argument",
+          (("two", 2), ("one", 1)), check_lazy_nested_in_arguments),
+    Check("iterate_remote_loader", "iterating a remote class with __iter__/__next__", TWO,
+          check_iterate_remote_loader),
+    Check("seeded_random", "workers built from one seed draw the same numbers", TWO,
+          check_seeded_random),
+    Check("error_value_error", "a ValueError keeps its type; message tagged with the call site",
+          TWO, check_error_value_error),
+    Check("error_key_error", "a KeyError keeps its key; call site in __notes__", TWO,
+          check_error_key_error),
+    Check("error_os_error", "a FileNotFoundError keeps errno/strerror/filename; call site in "
+          "__notes__", TWO, check_error_os_error),
+    Check("error_two_arg_init", "an exception whose __init__ takes two arguments keeps its type "
+          "and attributes", TWO, check_error_two_arg_init),
+    Check("error_unpicklable_attribute", "an exception holding a threading.Lock keeps its type",
+          TWO, check_error_unpicklable_attribute),
+    Check("timeout_per_method", "@remote_function(timeout=...) raises CallTimeoutError with the "
+          "call site; a later call still works", TWO, check_timeout_per_method),
+    Check("mesh_dp2_tp2_slice_dp", "slice_dp on dp=2 x tp=2 shards by data rank",
+          (("four", 4),), check_mesh_dp2_tp2_slice_dp),
+    Check("mesh_dp2_tp2_reductions", "mean/sum/flatten/concat on dp=2 x tp=2 count each data "
+          "shard once", (("four", 4),), check_mesh_dp2_tp2_reductions),
+)
+
+
+def conformance_checks() -> list[Check]:
+    """Every conformance check, in the order the runner runs them."""
+    return list(_CHECKS)
