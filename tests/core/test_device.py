@@ -10,13 +10,33 @@ from hypothesis import strategies as st
 from twinkle_core import ConfigurationError, DeviceGroup, DeviceMesh
 
 
-def test_device_group_aliases_and_counts():
-    g = DeviceGroup("model", ranks=[4, 5, 6, 7], device_type="GPU", gpus_per_worker=2)
-    assert g.device_type == "cuda"
-    assert g.num_workers == 2
-    assert g.worker_ranks(1) == (6, 7)
-    assert DeviceGroup("p", 3, "CPU").rank_list == (0, 1, 2)
-    assert DeviceGroup("n", 1, "Ascend").device_type == "npu"
+def test_device_group_aliases_come_from_the_platforms_and_counts():
+    """Aliases are declared by the platform that owns them, so a third party can add its own."""
+    from twinkle_core import hookimpl
+    from twinkle_core.plugin import CpuPlatform
+    from twinkle_core.plugins import plugin_system, reset_plugins
+
+    class TestAccel(CpuPlatform):
+        device_type = "testaccel"
+        aliases = ("Metal-Test", "tpu-test")
+
+    class Provides:
+        @hookimpl
+        def register_platforms(self, register):
+            register("testaccel", TestAccel)
+
+    reset_plugins()
+    plugin_system().add(Provides(), name="testaccel-plugin")
+    try:
+        g = DeviceGroup("model", ranks=[4, 5, 6, 7], device_type="METAL-test", gpus_per_worker=2)
+        assert g.device_type == "testaccel"
+        assert g.num_workers == 2
+        assert g.worker_ranks(1) == (6, 7)
+        assert DeviceGroup("t", 1, "tpu-test").device_type == "testaccel"
+        assert DeviceGroup("p", 3, "CPU").rank_list == (0, 1, 2)
+        assert DeviceGroup("u", 1, "Unknown-Kind").device_type == "unknown-kind"
+    finally:
+        reset_plugins()
 
 
 @pytest.mark.parametrize(

@@ -442,3 +442,10 @@ def test_seed_makes_runs_reproducible():
         results.append((Counter(remote_group="g").weights()(), np.random.rand()))
         shutdown()
     assert results[0] == results[1]
+
+
+def test_removed_ncpu_proc_per_node_is_a_clear_error():
+    from twinkle_core import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match=r"ncpu_proc_per_node=\.\.\.\) was removed"):
+        initialize("inprocess", ncpu_proc_per_node=4)

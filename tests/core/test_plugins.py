@@ -243,3 +243,31 @@ def test_register_hook_that_raises_is_blamed_alone(site):
     info = {p.name: p for p in plugin_system().plugins()}["twinkle_raises"]
     assert "register_dispatchers failed: RuntimeError: bad hook" in info.error
     assert "slice" in plugin_system().names("dispatchers")
+
+
+def test_a_misspelled_hook_is_reported_and_fails_loudly_when_used(site, capsys):
+    """pluggy's check_pending for every plugin: `register_collector` (no s) is no hook."""
+    make_plugin(
+        site,
+        "twinkle-typo",
+        "twinkle_typo",
+        """
+        from twinkle_core import hookimpl
+
+        @hookimpl
+        def register_collector(register):
+            register("never_registered", lambda results, mesh: results)
+
+        @hookimpl
+        def register_collectors(register):
+            register("typo_total", lambda results, mesh: sum(results))
+        """,
+        requires=("twinkle-core>=0.2",),
+    )
+    assert cli_main(["plugins", "--json"]) == 0
+    listed = {p["name"]: p for p in json.loads(capsys.readouterr().out)}
+    assert "register_collector" in listed["twinkle_typo"]["error"]
+    assert "a typo?" in listed["twinkle_typo"]["error"]
+    with pytest.raises(PluginLoadError, match="register_collector"):
+        get_plugin("collectors", "typo_total")
+    assert "never_registered" not in plugin_system().names("collectors")

@@ -74,7 +74,7 @@ def test_a_failure_hook_may_make_remote_calls():
 
     reset_plugins()
     plugin = CallsBack()
-    plugin_system().pm.register(plugin, name="calls-back")
+    plugin_system().add(plugin, name="calls-back")
     try:
         initialize("inprocess", groups=[DeviceGroup("g", 2)])
         w = Worker(remote_group="g")

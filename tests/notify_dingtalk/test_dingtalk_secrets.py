@@ -140,3 +140,10 @@ def test_redact_url(token):
     out = redact_url(url)
     assert token not in out and "xyz" not in out
     assert out.startswith("https://oapi.dingtalk.com/robot/send?access_token=***")
+
+
+def test_the_plugin_declares_its_variables_driver_only():
+    """Backends ask the plugins which variables never travel; DingTalk's settings are there."""
+    from twinkle_core.plugin import secret_env_patterns
+
+    assert "TWINKLE_DINGTALK_*" in secret_env_patterns()

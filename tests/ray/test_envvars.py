@@ -17,10 +17,13 @@ from twinkle_ray.envvars import (
 
 NAME = st.from_regex(r"[A-Z][A-Z0-9_]{0,20}", fullmatch=True)
 SECRETISH = st.builds(
-    lambda pre, word, post: f"{pre}{word}{post}",
-    st.sampled_from(["TWINKLE_", "NCCL_", "TORCH_", "TWINKLE_DINGTALK_"]),
-    st.sampled_from(["SECRET", "TOKEN", "PASSWORD", "WEBHOOK", "API_KEY"]),
+    lambda pre, word, post, case: case(f"{pre}{word}{post}"),
+    st.sampled_from(["TWINKLE_", "NCCL_", "TORCH_", "TWINKLE_DB_"]),
+    st.sampled_from(
+        ["SECRET", "Secret", "TOKEN", "PASSWORD", "PASS", "WEBHOOK", "API_KEY", "AUTH", "Auth"]
+    ),
     st.sampled_from(["", "_X", "_2"]),
+    st.sampled_from([str, str.title]),
 )
 
 
@@ -44,9 +47,26 @@ def test_credentials_never_travel_through_a_wildcard(secret):
     assert secret in select(env, passthrough_patterns([secret]))
 
 
-def test_dingtalk_settings_stay_on_the_driver():
-    env = {"TWINKLE_DINGTALK_KEYWORD": "kw", "TWINKLE_DINGTALK_AT_ALL": "1", "TWINKLE_SEED": "1"}
-    assert select(env, passthrough_patterns()) == {"TWINKLE_SEED": "1"}
+def test_variables_a_plugin_declares_secret_never_travel():
+    """The filter asks the plugins (hook `twinkle_secret_env_vars`); no plugin is named here."""
+    from twinkle_core import hookimpl
+    from twinkle_core.plugins import plugin_system, reset_plugins
+
+    class Chat:
+        @hookimpl
+        def twinkle_secret_env_vars(self):
+            return ["TWINKLE_MYCHAT_*"]
+
+    reset_plugins()
+    plugin_system().add(Chat(), name="mychat")
+    try:
+        env = {"TWINKLE_MYCHAT_ROBOT": "kw", "twinkle_mychat_at": "1", "TWINKLE_SEED": "1"}
+        assert select(env, passthrough_patterns()) == {"TWINKLE_SEED": "1"}
+        # Not even when the user names it exactly, nor through the node essentials.
+        assert select(env, passthrough_patterns(["TWINKLE_MYCHAT_ROBOT"])) == {"TWINKLE_SEED": "1"}
+        assert select(env, (*NODE_ESSENTIALS, "TWINKLE_*"), never=()) == {"TWINKLE_SEED": "1"}
+    finally:
+        reset_plugins()
 
 
 def test_scrubbed_environ_keeps_node_essentials_and_restores(monkeypatch):

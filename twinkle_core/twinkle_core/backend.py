@@ -18,7 +18,6 @@ from .device_mesh import DeviceMesh
 
 if TYPE_CHECKING:
     from .collect import Collector
-    from .context import WorkerContext
     from .lazy import LazyCollect
     from .runtime import RuntimeConfig
 
@@ -158,10 +157,6 @@ class ExecutionBackend(ABC):
 
     def shutdown(self) -> None:
         """Release everything the backend made; safe to call twice."""
-
-    def worker_context(self) -> WorkerContext | None:
-        """The identity of the current process when it is itself a worker (torchrun)."""
-        return None
 
     def claim_notification(self, key: str) -> bool:
         """Whether this process should send the alert `key` (one sender per job)."""

@@ -7,25 +7,21 @@ from dataclasses import dataclass, field
 
 from .errors import ConfigurationError
 
-# Aliases users write for the canonical device type names. Platforms registered by plugins add
-# their own names; these are only the spellings that differ from a platform name.
-DEVICE_TYPE_ALIASES = {
-    "gpu": "cuda",
-    "nvidia": "cuda",
-    "ascend": "npu",
-    "host": "cpu",
-}
-
 
 def canonical_device_type(device_type: str) -> str:
-    """Lower-case `device_type` and map aliases (`GPU` -> `cuda`, `Ascend` -> `npu`)."""
+    """Lower-case `device_type` and map the aliases platforms declare (`GPU` -> `cuda` when
+    twinkle-local's cuda platform is installed; a third-party platform adds its own)."""
     if not isinstance(device_type, str) or not device_type.strip():
         raise ConfigurationError(
             f"device_type must be a non-empty string such as 'cuda', 'npu' or 'cpu', "
             f"got {device_type!r}"
         )
     name = device_type.strip().lower()
-    return DEVICE_TYPE_ALIASES.get(name, name)
+    if name == "cpu":
+        return name
+    from .platform import platform_aliases
+
+    return platform_aliases().get(name, name)
 
 
 @dataclass(frozen=True)

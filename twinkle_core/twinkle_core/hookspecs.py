@@ -43,6 +43,16 @@ def register_notifiers(register) -> None:
 
 
 @hookspec
+def twinkle_secret_env_vars() -> list[str] | None:
+    """Environment variables that hold this plugin's secrets or driver-only settings.
+
+    Return names or `fnmatch` patterns (e.g. `["MYCHAT_*"]`); matched case-insensitively.
+    Backends never send a matching variable to a worker, whatever the user's pass-through
+    list says: a notifier's webhook token stays on the driver that notifies.
+    """
+
+
+@hookspec
 def twinkle_seed(seed: int, full_determinism: bool) -> None:
     """Seed the random generators of a library twinkle does not import itself (e.g. torch)."""
 

@@ -106,16 +106,20 @@ def _platform_classes() -> dict[str, type[AcceleratorPlatform]]:
     return out
 
 
+def platform_aliases() -> dict[str, str]:
+    """Every alias a registered platform declares (lower case) -> that platform's name."""
+    out: dict[str, str] = {}
+    for name, cls in _platform_classes().items():
+        for alias in getattr(cls, "aliases", ()):
+            out.setdefault(str(alias).lower(), name)
+    return out
+
+
 def get_platform(device_type: str) -> AcceleratorPlatform:
     """An instance of the platform registered for `device_type` (aliases accepted)."""
-    from .plugins import get_plugin, plugin_system
+    from .plugins import get_plugin
 
     name = canonical_device_type(device_type)
-    if name not in plugin_system().names("platforms"):
-        for pname, cls in _platform_classes().items():
-            if name in {a.lower() for a in getattr(cls, "aliases", ())}:
-                name = pname
-                break
     platform = get_plugin("platforms", name)
     if inspect.isclass(platform):
         platform = platform()

@@ -57,7 +57,7 @@ from .failures import (
 from .hookspecs import hookimpl
 from .notify import Notifier
 from .platform import AcceleratorPlatform, CpuPlatform, detect_platform, get_platform
-from .plugins import get_plugin, registered_names
+from .plugins import get_plugin, registered_names, secret_env_patterns
 from .portable import PortableException, RemoteError, portable_exception, rebuilt
 from .runtime import RuntimeConfig
 from .seeding import get_rng_state, seed_everything, set_rng_state
@@ -113,6 +113,7 @@ __all__ = [
     "replace_lazy",
     "representatives",
     "run_method",
+    "secret_env_patterns",
     "seed_everything",
     "set_process_worker_context",
     "set_rng_state",

@@ -84,6 +84,8 @@ class PluginInfo:
     registers: dict[str, list[str]] = field(default_factory=lambda: {k: [] for k in KINDS})
     error: str | None = None
     exception: BaseException | None = field(default=None, repr=False)
+    #: Hook implementations whose name twinkle does not define (a typo, or a newer core's).
+    unknown_hooks: list[str] = field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -209,7 +211,55 @@ class PluginSystem:
             self.infos[CORE_PLUGIN_NAME] = PluginInfo(
                 CORE_PLUGIN_NAME, CORE_DISTRIBUTION, core_version()
             )
+        self._check_pending()
         self._run_register_hooks()
+
+    def _check_pending(self) -> None:
+        """pluggy's `check_pending()`, for every plugin: an implementation of a hook twinkle
+        does not define is recorded on that plugin (shown by `twinkle plugins`), and using the
+        plugin then fails loudly instead of the hook silently never being called."""
+        try:
+            self.pm.check_pending()
+            return
+        except pluggy.PluginValidationError:
+            pass
+        for hook_name, caller in vars(self.pm.hook).items():
+            if hook_name.startswith("_") or caller.has_spec():
+                continue
+            for impl in caller.get_hookimpls():
+                if impl.optionalhook:
+                    continue
+                info = self.infos.setdefault(
+                    impl.plugin_name, PluginInfo(impl.plugin_name, None, None)
+                )
+                if hook_name not in info.unknown_hooks:
+                    info.unknown_hooks.append(hook_name)
+        known = ", ".join(sorted(n for n in dir(hookspecs) if _is_hookspec(n)))
+        for info in self.infos.values():
+            if info.unknown_hooks:
+                problem = (
+                    f"implements {', '.join(info.unknown_hooks)}, which twinkle-core "
+                    f"{core_version()} does not define (a typo? its hooks are: {known})"
+                )
+                info.error = f"{info.error}; {problem}" if info.error else problem
+                info.exception = info.exception or PluginLoadError(problem)
+
+    def add(self, plugin: object, name: str) -> None:
+        """Register a plugin object at run time, as if found through an entry point.
+
+        For tests, notebooks and plugins defined in a driver script: its hooks are checked
+        and its `register_*` hooks run at once.
+        """
+        self.ensure_loaded()
+        with self._lock:
+            self.pm.register(plugin, name=name)
+            self.infos.setdefault(name, PluginInfo(name, None, None))
+            self._check_pending()
+            for kind in KINDS:
+                caller = getattr(self.pm.hook, f"register_{kind}")
+                for impl in caller.get_hookimpls():
+                    if impl.plugin_name == name:
+                        impl.function(register=self._register_callback(kind, name))
 
     def _run_register_hooks(self) -> None:
         # Each plugin's hook is called on its own so a failing plugin is blamed alone and every
@@ -262,7 +312,14 @@ class PluginSystem:
         if conflict:
             raise DuplicatePluginError(conflict)
         overrides = [r for r in regs if r.override]
-        return overrides[0] if overrides else regs[0]
+        chosen = overrides[0] if overrides else regs[0]
+        info = self.infos.get(chosen.plugin)
+        if info is not None and info.unknown_hooks:
+            raise PluginLoadError(
+                f"the {_SINGULAR[kind]} {name!r} comes from plugin {info.name!r}, which "
+                f"{info.error}; fix the hook name(s) in that plugin"
+            )
+        return chosen
 
     def get(self, kind: str, name: str) -> Any:
         """The object registered as `name` for `kind`, imported on first use."""
@@ -325,6 +382,10 @@ _system: PluginSystem | None = None
 _system_lock = threading.Lock()
 
 
+def _is_hookspec(name: str) -> bool:
+    return hasattr(getattr(hookspecs, name, None), f"{hookspecs.PROJECT_NAME}_spec")
+
+
 def plugin_system() -> PluginSystem:
     """The process-wide plugin system, loaded on first use."""
     global _system
@@ -350,6 +411,14 @@ def get_plugin(kind: str, name: str) -> Any:
 def registered_names(kind: str) -> list[str]:
     """The names registered for `kind` (one of `KINDS`) by every loaded plugin, sorted."""
     return plugin_system().names(kind)
+
+
+def secret_env_patterns() -> tuple[str, ...]:
+    """Every pattern plugins declare through `twinkle_secret_env_vars` (see hookspecs)."""
+    out: list[str] = []
+    for part in plugin_system().hook.twinkle_secret_env_vars():
+        out.extend(p for p in part or () if isinstance(p, str) and p)
+    return tuple(out)
 
 
 def format_exception_short(exc: BaseException) -> str:

@@ -64,7 +64,7 @@ def _safe_str(exc: BaseException) -> str:
 
 
 def _rebuild(
-    cls: type | None, type_name: str, message: str, args: tuple, state: dict, tb: str
+    cls: type[BaseException] | None, type_name: str, message: str, args: tuple, state: dict, tb: str
 ) -> BaseException:
     if cls is not None:
         try:

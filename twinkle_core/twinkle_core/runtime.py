@@ -36,7 +36,6 @@ class RuntimeConfig:
     seed: int = 42
     groups: dict[str, DeviceGroup] = field(default_factory=dict)
     nproc_per_node: int | None = None
-    ncpu_proc_per_node: int | None = None
     global_device_mesh: DeviceMesh | None = None
     lazy_collect: bool = True
     name: str = ""
@@ -241,7 +240,6 @@ def initialize(
     seed: int = 42,
     groups: Iterable[DeviceGroup] | None = None,
     nproc_per_node: int | None = None,
-    ncpu_proc_per_node: int | None = None,
     global_device_mesh: DeviceMesh | None = None,
     lazy_collect: bool = True,
     name: str | None = None,
@@ -255,6 +253,12 @@ def initialize(
     backend (e.g. `address=` for Ray). Returns the validated configuration.
     """
     global _runtime
+    if "ncpu_proc_per_node" in backend_options:
+        raise ConfigurationError(
+            "initialize(ncpu_proc_per_node=...) was removed in twinkle-core 0.2: no backend "
+            "used it. Size CPU groups with DeviceGroup(name, ranks=<workers>, device_type='cpu') "
+            "and, on Ray, initialize(..., cpus_per_worker=...); remove the argument"
+        )
     mode = mode if mode is not None else os.environ.get("TWINKLE_MODE") or DEFAULT_MODE
     if not isinstance(mode, str) or not mode:
         raise ConfigurationError(f"initialize(mode=...) must be a backend name, got {mode!r}")
@@ -274,7 +278,6 @@ def initialize(
         seed=seed,
         groups=_check_groups(groups),
         nproc_per_node=_positive_int_or_none("nproc_per_node", nproc_per_node),
-        ncpu_proc_per_node=_positive_int_or_none("ncpu_proc_per_node", ncpu_proc_per_node),
         global_device_mesh=global_device_mesh,
         lazy_collect=lazy_collect,
         name=name or f"twinkle-{uuid.uuid4().hex[:8]}",

@@ -6,9 +6,11 @@ with `initialize(mode='ray', env_passthrough=[...])` or `TWINKLE_ENV_PASSTHROUGH
 sent. A name ending in `*` is a prefix, one starting with `*` a suffix.
 
 Credentials never travel through a wildcard: a variable matched only by a pattern is dropped
-when its name looks like a secret (`NEVER_BY_PATTERN`), e.g. `TWINKLE_DINGTALK_SECRET` although
-`TWINKLE_*` is on the list: notifiers run on the driver only. Naming a variable exactly (no `*`)
-in `env_passthrough` sends it anyway, because then the user asked for it.
+when its name looks like a secret (`NEVER_BY_PATTERN`, compared case-insensitively), e.g.
+`TWINKLE_Db_Password` although `TWINKLE_*` is on the list. Naming a variable exactly (no `*`)
+in `env_passthrough` sends it anyway, because then the user asked for it. Variables a plugin
+declares as its secrets (hook `twinkle_secret_env_vars`, e.g. the DingTalk notifier's
+`TWINKLE_DINGTALK_*`) never travel at all: they belong to the driver.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import contextlib
 import fnmatch
 import os
 from collections.abc import Iterable, Iterator, Mapping
+
+from twinkle_core.plugin import secret_env_patterns
 
 #: Sent to every worker when set on the driver. Twinkle's own settings come first.
 DEFAULT_PASSTHROUGH: tuple[str, ...] = (
@@ -35,18 +39,20 @@ DEFAULT_PASSTHROUGH: tuple[str, ...] = (
     "TRANSFORMERS_OFFLINE",
 )
 
-#: Never sent because of a wildcard: notifier settings (the driver alone notifies) and names
-#: that look like credentials.
+#: Never sent because of a wildcard: names that look like credentials (case-insensitive).
 NEVER_BY_PATTERN: tuple[str, ...] = (
-    "TWINKLE_DINGTALK_*",
     "*SECRET*",
     "*TOKEN*",
-    "*PASSWORD*",
-    "*PASSWD*",
+    "*PASS*",
     "*WEBHOOK*",
     "*CREDENTIAL*",
+    "*AUTH*",
+    "*PRIVATE*",
+    "*COOKIE*",
+    "*SIGN*",
     "*_KEY",
-    "*_API_KEY*",
+    "*_KEY_*",
+    "*APIKEY*",
 )
 
 #: What a Ray node needs to run Python at all; kept when twinkle starts an embedded cluster.
@@ -81,6 +87,16 @@ def _matches(name: str, pattern: str) -> bool:
     return fnmatch.fnmatchcase(name, pattern)
 
 
+def _matches_any_case(name: str, patterns: Iterable[str]) -> bool:
+    upper = name.upper()
+    return any(fnmatch.fnmatchcase(upper, p.upper()) for p in patterns)
+
+
+def driver_only() -> tuple[str, ...]:
+    """Patterns of variables plugins keep on the driver (hook `twinkle_secret_env_vars`)."""
+    return secret_env_patterns()
+
+
 def passthrough_patterns(extra: Iterable[str] = ()) -> tuple[str, ...]:
     """The default list, the user's `env_passthrough`, and `$TWINKLE_ENV_PASSTHROUGH`."""
     from_env = [p.strip() for p in os.environ.get(PASSTHROUGH_ENV, "").split(",") if p.strip()]
@@ -91,18 +107,24 @@ def select(
     environ: Mapping[str, str],
     patterns: Iterable[str],
     never: Iterable[str] = NEVER_BY_PATTERN,
+    forbidden: Iterable[str] | None = None,
 ) -> dict[str, str]:
     """The variables of `environ` named exactly in `patterns`, or matching a wildcard pattern
-    there and none of `never`."""
+    there and none of `never`; none matching `forbidden` (default: what plugins declare
+    through `twinkle_secret_env_vars`). `never` and `forbidden` ignore case."""
     patterns = tuple(patterns)
     exact = {p for p in patterns if "*" not in p}
     wild = [p for p in patterns if "*" in p]
     never = tuple(never)
+    forbidden = driver_only() if forbidden is None else tuple(forbidden)
     return {
         k: v
         for k, v in environ.items()
-        if k in exact
-        or (any(_matches(k, p) for p in wild) and not any(_matches(k, n) for n in never))
+        if not _matches_any_case(k, forbidden)
+        and (
+            k in exact
+            or (any(_matches(k, p) for p in wild) and not _matches_any_case(k, never))
+        )
     }
 
 
