@@ -12,17 +12,21 @@ failure nobody collected (which used to deadlock).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 import threading
+import time
 
 from twinkle_core import (
     DeviceGroup,
     DeviceMesh,
+    as_completed,
     initialize,
     remote_class,
     remote_function,
     shutdown,
+    wait,
 )
 
 THIS_FILE = __file__
@@ -79,6 +83,11 @@ class Source:
     @remote_function(dispatch="all", collect="first")
     def ok(self):
         return "ok"
+
+    @remote_function(dispatch="all", collect="first")
+    def slow(self, x, delay: float):
+        time.sleep(delay)
+        return x
 
     @remote_function(dispatch="all", collect="first")
     def fail(self, kind: str):
@@ -145,9 +154,39 @@ def run(mode: str, **options) -> dict:
             kind: _error_shape(src.fail(kind))
             for kind in ("value", "key", "os", "two_args", "locked", "exit")
         }
+        out["waiting"] = _waiting(src, holder)
         return out
     finally:
         shutdown()
+
+
+def _waiting(src, holder) -> dict:
+    """Many calls without blocking: await, wait and as_completed give the same values anywhere."""
+
+    async def together():
+        ticks = 0
+
+        async def ticker():
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0.005)
+
+        beat = asyncio.ensure_future(ticker())
+        values = await asyncio.gather(src.slow(1, 0.3), holder.get(), src.slow(2, 0.0))
+        beat.cancel()
+        return values, ticks
+
+    values, ticks = asyncio.run(together())
+    calls = [src.slow(i, 0.05 * i) for i in range(4)]
+    done, pending = wait(calls, num_returns=2, timeout=60)
+    everything, _ = wait(calls, num_returns=4, timeout=60)
+    return {
+        "await": values,
+        "loop_ran": ticks >= 1,
+        "wait": [len(done) >= 2, len(done) + len(pending), [c() for c in everything]],
+        "as_completed": sorted(c() for c in as_completed(calls, timeout=60)),
+    }
 
 
 EXPECTED = {
@@ -157,6 +196,12 @@ EXPECTED = {
     "mesh_local": [1, 1],
     "lazy_constructor": [40, {"x": [50]}],
     "after_uncollected_failure": "ok",
+    "waiting": {
+        "await": [1, [40, {"x": [50]}], 2],
+        "loop_ran": True,
+        "wait": [True, 4, [0, 1, 2, 3]],
+        "as_completed": [0, 1, 2, 3],
+    },
     "errors": {
         "value": ["ValueError", True, {"args": ["plain message"], "errno": None, "code": None}],
         "key": ["KeyError", True, {"args": ["missing column"], "errno": None, "code": None}],

@@ -38,6 +38,7 @@ from .placement import get_device_placement
 from .portable import RemoteError
 from .remote import remote_class, remote_function
 from .runtime import initialize, is_initialized, shutdown
+from .waiting import as_completed, wait
 
 __all__ = [
     "CallTimeoutError",
@@ -58,6 +59,7 @@ __all__ = [
     "WorkerDiedError",
     "WorkerExitError",
     "__version__",
+    "as_completed",
     "get_device_placement",
     "get_worker_context",
     "hookimpl",
@@ -66,6 +68,7 @@ __all__ = [
     "remote_class",
     "remote_function",
     "shutdown",
+    "wait",
 ]
 
 #: Backend-side names that lived here before 0.2: now in `twinkle_core.plugin`.

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
 _UNSET = object()
@@ -118,6 +118,19 @@ class LazyCollect:
     def resolved(self) -> bool:
         """Whether the value or error has already been collected and cached."""
         return self._value is not _UNSET or self._error is not None
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        """`await lazy`: the value, without blocking the event loop.
+
+        A finished call is collected at once; otherwise the wait runs in the loop's default
+        thread pool, so other coroutines (other calls' awaits included) keep running.
+        """
+        import asyncio
+
+        if self.done():
+            return self()
+        loop = asyncio.get_running_loop()
+        return (yield from loop.run_in_executor(None, self).__await__())
 
     def __iter__(self) -> Iterator[Any]:
         return iter(self())

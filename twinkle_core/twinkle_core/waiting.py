@@ -1,0 +1,109 @@
+"""Waiting on many calls at once: `wait` (as `ray.wait`) and `as_completed` (as
+`concurrent.futures.as_completed`), for every backend.
+
+Both only ask each LazyCollect whether it is done (`done()` never blocks), with a short sleep
+that grows from 1 ms to 20 ms between rounds: no thread per call, and a finished call is seen
+within about 20 ms whatever the backend.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator
+
+from .errors import CallTimeoutError, ConfigurationError
+from .lazy import LazyCollect
+
+_FIRST_SLEEP, _MAX_SLEEP = 0.001, 0.02
+
+
+def _as_list(lazies: Iterable[LazyCollect], function: str) -> list[LazyCollect]:
+    if isinstance(lazies, LazyCollect):
+        raise ConfigurationError(
+            f"{function}(lazies=...) takes a list of LazyCollect, got one LazyCollect; "
+            f"wrap it: {function}([lazy])"
+        )
+    items = list(lazies)
+    bad = [x for x in items if not isinstance(x, LazyCollect)]
+    if bad:
+        raise ConfigurationError(
+            f"{function}(lazies=...) must hold only LazyCollect (what remote calls return), "
+            f"got {type(bad[0]).__name__}: {bad[0]!r}"
+        )
+    if len({id(x) for x in items}) != len(items):
+        raise ConfigurationError(f"{function}(lazies=...) holds the same LazyCollect twice")
+    return items
+
+
+def _check_timeout(timeout: float | None, function: str) -> None:
+    if timeout is not None and (
+        isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0
+    ):
+        raise ConfigurationError(
+            f"{function}(timeout=...) must be None or a number of seconds >= 0, got {timeout!r}"
+        )
+
+
+def wait(
+    lazies: Iterable[LazyCollect], num_returns: int = 1, timeout: float | None = None
+) -> tuple[list[LazyCollect], list[LazyCollect]]:
+    """Wait until `num_returns` of the calls finished, or `timeout` seconds passed.
+
+    Returns `(done, pending)`, each in the order given, like `ray.wait`. A failed call counts
+    as done (calling it raises); nothing is collected here.
+    """
+    items = _as_list(lazies, "wait")
+    _check_timeout(timeout, "wait")
+    if isinstance(num_returns, bool) or not isinstance(num_returns, int) or not (
+        0 <= num_returns <= len(items)
+    ):
+        raise ConfigurationError(
+            f"wait(num_returns=...) must be an integer from 0 to {len(items)} (the number of "
+            f"calls given), got {num_returns!r}"
+        )
+    deadline = None if timeout is None else time.monotonic() + timeout
+    sleep = _FIRST_SLEEP
+    while True:
+        done_ids = {id(x) for x in items if x.done()}
+        if len(done_ids) >= num_returns or (deadline is not None and time.monotonic() >= deadline):
+            break
+        pause = sleep if deadline is None else min(sleep, max(0.0, deadline - time.monotonic()))
+        time.sleep(pause)
+        sleep = min(sleep * 2, _MAX_SLEEP)
+    done = [x for x in items if id(x) in done_ids]
+    return done, [x for x in items if id(x) not in done_ids]
+
+
+def as_completed(
+    lazies: Iterable[LazyCollect], timeout: float | None = None
+) -> Iterator[LazyCollect]:
+    """Yield each call as it finishes (a failed one too: calling it raises).
+
+    Raises `CallTimeoutError` (a `TimeoutError`) when calls are still running `timeout`
+    seconds after the first `next()`, as `concurrent.futures.as_completed` does.
+    """
+    items = _as_list(lazies, "as_completed")
+    _check_timeout(timeout, "as_completed")
+    return _completed(items, timeout)
+
+
+def _completed(items: list[LazyCollect], timeout: float | None) -> Iterator[LazyCollect]:
+    deadline = None if timeout is None else time.monotonic() + timeout
+    pending = list(items)
+    sleep = _FIRST_SLEEP
+    while pending:
+        finished = [x for x in pending if x.done()]
+        if finished:
+            sleep = _FIRST_SLEEP
+            for item in finished:
+                pending.remove(item)
+                yield item
+            continue
+        if deadline is not None and time.monotonic() >= deadline:
+            raise CallTimeoutError(
+                f"as_completed: {len(pending)} of {len(items)} call(s) still running after "
+                f"{timeout:g}s: {pending[:3]!r}{' ...' if len(pending) > 3 else ''}"
+            )
+        pause = sleep if deadline is None else min(sleep, max(0.0, deadline - time.monotonic()))
+        time.sleep(pause)
+        sleep = min(sleep * 2, _MAX_SLEEP)
