@@ -22,6 +22,7 @@ from .device_mesh import DeviceMesh
 from .dispatch import Dispatcher
 from .errors import (
     CallTimeoutError,
+    CollectError,
     ConfigurationError,
     DuplicatePluginError,
     NotInitializedError,
@@ -42,6 +43,7 @@ from .waiting import as_completed, wait
 
 __all__ = [
     "CallTimeoutError",
+    "CollectError",
     "Collector",
     "ConfigurationError",
     "DeviceGroup",

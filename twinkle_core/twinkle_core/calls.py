@@ -16,7 +16,13 @@ from .collect import Collector, as_collector
 from .context import get_worker_context
 from .device_mesh import DeviceMesh
 from .dispatch import Dispatcher, as_dispatcher
-from .errors import CallTimeoutError, ConfigurationError
+from .errors import (
+    CallTimeoutError,
+    CollectError,
+    ConfigurationError,
+    NotInitializedError,
+    TwinkleError,
+)
 from .failures import CALLER_TAG, CallFailure, WorkersFailedError, tag_exception
 from .lazy import LazyCollect
 
@@ -108,6 +114,10 @@ def _resolve_lazy(value: Any, workers: WorkerGroup) -> Any:
     return replace_lazy(value, workers.resolve_argument)
 
 
+def _strategy_name(strategy: Any) -> str:
+    return getattr(strategy, "name", "") or type(strategy).__name__
+
+
 def call_mesh(targets: list[int], workers: WorkerGroup) -> DeviceMesh:
     """The mesh a call is dispatched and collected with: the class's mesh when the call goes to
     every worker, else a plain `dp` mesh over the targets (e.g. `execute='first'`)."""
@@ -123,6 +133,17 @@ def invoke(
     """Run `spec` on the bound workers; a LazyCollect, or the value when lazy collection is off."""
     from .runtime import current_runtime_or_none
 
+    runtime = current_runtime_or_none()
+    if get_worker_context() is None and (
+        runtime is None or runtime.config.name != binding.run_name
+    ):
+        # On a driver, an object outlives its run only by mistake; inside a worker the run
+        # lives in the driver and this process has no runtime of its own.
+        raise NotInitializedError(
+            f"{binding.workers.class_name}.{spec.name}: this object belongs to run "
+            f"{binding.run_name!r}, which was shut down; its workers are gone. Create the "
+            "object again after initialize()"
+        )
     dispatcher, collector = spec.resolved()
     workers = binding.workers
     targets = target_ranks(spec.execute, workers)
@@ -161,9 +182,18 @@ def invoke(
             if exc.args and isinstance(exc.args[0], str) and not exc.args[0].startswith(tag):
                 exc.args = (f"{tag} {method}: {exc.args[0]}", *exc.args[1:])
             raise
-        runtime = current_runtime_or_none()
-        if runtime is not None and not isinstance(failure.exception, StopIteration):
-            runtime.report(failure)
+        except TwinkleError:
+            raise
+        except Exception as exc:  # the collector could not combine the results
+            tag = CALLER_TAG.format(site=call_site)
+            raise CollectError(
+                f"{tag} {method}: collect={_strategy_name(collector)!r} could not combine the "
+                f"workers' results: {type(exc).__name__}: {exc}. Return values it can "
+                "combine (numbers, arrays or tensors for 'mean'/'sum'), or use collect='none'"
+            ) from exc
+        current = current_runtime_or_none()
+        if current is not None and not isinstance(failure.exception, StopIteration):
+            current.report(failure)
         raise tag_exception(failure)
 
     lazy = LazyCollect(
@@ -172,7 +202,6 @@ def invoke(
         describe=f"{method} from {call_site}",
         source=CallSource(workers, pending, collector, mesh, method),
     )
-    runtime = current_runtime_or_none()
     if runtime is not None and runtime.config.name == binding.run_name:
         runtime.track(lazy)
     lazy_on = spec.lazy_collect if spec.lazy_collect is not None else binding.lazy_collect

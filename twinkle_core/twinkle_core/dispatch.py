@@ -66,6 +66,12 @@ class SliceDispatcher(Dispatcher):
     def dispatch(
         self, args: tuple, kwargs: dict, n_workers: int, device_mesh: DeviceMesh
     ) -> WorkerArgs:
+        _same_lengths(
+            [(f"argument {i}", a) for i, a in enumerate(args) if isinstance(a, list)]
+            + [(f"argument {k!r}", v) for k, v in kwargs.items() if isinstance(v, list)],
+            "slice",
+        )
+
         def share(value: Any, i: int) -> Any:
             if isinstance(value, list):
                 return value[_even_slice(len(value), n_workers, i)]
@@ -99,6 +105,12 @@ class SliceDPDispatcher(Dispatcher):
                 f"to {n_workers} workers; give the remote class a device_mesh of its group size"
             )
         n_shards = device_mesh.data_world_size
+        batches: list[tuple[str, Any]] = []
+        for i, a in enumerate(args):
+            _batches(a, f"argument {i}", batches)
+        for k, v in kwargs.items():
+            _batches(v, f"argument {k!r}", batches)
+        _same_lengths(batches, "slice_dp")
         shards: dict[int, tuple[tuple, dict]] = {}
         out: WorkerArgs = []
         for worker in range(n_workers):
@@ -116,6 +128,27 @@ class SliceDPDispatcher(Dispatcher):
                 )
             out.append(shards[dr])
         return out
+
+
+def _batches(value: Any, where: str, out: list[tuple[str, Any]]) -> None:
+    """Every value `slice_dp` slices, with where it is (dicts walked, as `_shard` does)."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _batches(v, f"{where}[{k!r}]", out)
+    elif isinstance(value, (list, tuple)) or is_array_like(value):
+        out.append((where, value))
+
+
+def _same_lengths(batches: list[tuple[str, Any]], dispatcher: str) -> None:
+    """Values split together must have one length, or their shares would not line up."""
+    lengths = {where: len(value) for where, value in batches}
+    if len(set(lengths.values())) > 1:
+        listed = ", ".join(f"{where} has {n}" for where, n in lengths.items())
+        raise ConfigurationError(
+            f"{dispatcher}: the values split across workers must have the same length, but "
+            f"{listed}; the workers' shares would not line up (zip would drop items). Pass "
+            f"batches of one length, or use dispatch='all' for values every worker needs whole"
+        )
 
 
 def _shard(value: Any, data_rank: int, n_shards: int, where: str, mesh: DeviceMesh) -> Any:

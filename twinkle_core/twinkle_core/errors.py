@@ -41,3 +41,11 @@ class WorkerExitError(TwinkleError, RuntimeError):
     A method cannot end its worker's process without ending the group's other ranks' peer,
     so twinkle reports it as this error of the call, naming the rank, instead.
     """
+
+
+class CollectError(TwinkleError, TypeError):
+    """A collector could not combine the workers' results (e.g. `collect='mean'` of strings).
+
+    The message names the method, the collector and the driver call site; the collector's own
+    exception is chained as `__cause__`.
+    """

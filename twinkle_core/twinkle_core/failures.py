@@ -7,6 +7,7 @@ Several ranks failing are grouped: one line per distinct error with its ranks.
 
 from __future__ import annotations
 
+import re
 import sys
 import traceback
 from dataclasses import dataclass, field
@@ -15,6 +16,8 @@ from .callsite import CallSite
 from .errors import TwinkleError
 
 CALLER_TAG = "[twinkle driver caller: {site}]"
+#: Hex addresses and numbers: they differ between ranks and runs for the same error.
+_VARYING = re.compile(r"0x[0-9a-fA-F]+|\d+")
 
 
 @dataclass
@@ -75,7 +78,10 @@ class CallFailure:
         return self._distinct
 
     def dedupe_key(self, error_key: tuple[str, str]) -> str:
-        return f"{self.method}|{self.call_site}|{error_key[0]}|{error_key[1]}"
+        """One alert per distinct error: type, method, call site and the message with what
+        varies between processes and runs (numbers, addresses, pids) folded away."""
+        message = _VARYING.sub("#", error_key[1])
+        return f"{self.method}|{self.call_site}|{error_key[0]}|{message}"
 
     def summary_lines(self) -> list[str]:
         lines = []

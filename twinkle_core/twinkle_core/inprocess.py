@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import socket
+import threading
 from typing import Any
 
 from .backend import (
@@ -26,6 +27,7 @@ from .device_group import DeviceGroup
 from .device_mesh import DeviceMesh
 from .errors import ConfigurationError
 from .failures import WorkerFailure
+from .platform import check_device_type
 from .worker import WorkerState, run_method
 
 
@@ -41,11 +43,14 @@ class InProcessWorkerGroup(WorkerGroup):
         states: list[WorkerState],
         isolate: bool,
         placements: list[WorkerPlacement],
+        lock: threading.RLock,
     ) -> None:
         super().__init__(group, device_mesh, class_name, len(instances), placements)
         self.instances = instances
         self.states = states
         self.isolate = isolate
+        #: The backend's lock: one call at a time runs in this process (see InProcessBackend).
+        self.lock = lock
 
     def submit(
         self,
@@ -55,6 +60,10 @@ class InProcessWorkerGroup(WorkerGroup):
         collector: Any = None,
         device_mesh: DeviceMesh | None = None,
     ) -> PendingCall:
+        with self.lock:
+            return self._run_all(method, calls)
+
+    def _run_all(self, method: str, calls: list[WorkerCall]) -> PendingCall:
         results: list[Any] = []
         failures: list[WorkerFailure] = []
         node = self.placements[0].node if self.placements else None
@@ -78,6 +87,12 @@ class InProcessBackend(ExecutionBackend):
 
     Option `isolate` (default True) copies arguments and results as a real transport would,
     so a worker mutating its input cannot change the driver's or its peers' data.
+
+    Calls from several driver threads are serialized by one re-entrant lock for the whole
+    backend (a worker's method may call another group, or its own, from the same thread): a
+    worker runs one call at a time with its own random generators, as a process would. One
+    lock rather than one per group, so two threads calling groups that call each other cannot
+    take two locks in opposite orders.
     """
 
     name = "inprocess"
@@ -92,6 +107,9 @@ class InProcessBackend(ExecutionBackend):
                 f"got {self.isolate!r}"
             )
         self.node = socket.gethostname()
+        self.lock = threading.RLock()
+        for group in config.groups.values():
+            check_device_type(group, self.name)
 
     def create_workers(
         self,
@@ -120,14 +138,16 @@ class InProcessBackend(ExecutionBackend):
             )
             # A fresh worker process starts from the run's seed; so does each instance.
             a, k = copy.deepcopy((args, kwargs)) if self.isolate else (args, kwargs)
-            instance, state = WorkerState.construct(
-                cls, a, k, ctx, seed=config.seed, full_determinism=config.full_determinism
-            )
+            with self.lock:
+                instance, state = WorkerState.construct(
+                    cls, a, k, ctx, seed=config.seed, full_determinism=config.full_determinism
+                )
             instances.append(instance)
             states.append(state)
             placements.append(WorkerPlacement(rank, self.node, ctx.device_ids, group.device_type))
         return InProcessWorkerGroup(
-            group, device_mesh, cls.__name__, instances, states, self.isolate, placements
+            group, device_mesh, cls.__name__, instances, states, self.isolate, placements,
+            self.lock,
         )
 
     def describe(self) -> dict[str, Any]:

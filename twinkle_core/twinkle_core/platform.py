@@ -143,3 +143,30 @@ def detect_platform() -> AcceleratorPlatform:
         except Exception as exc:
             log.debug("twinkle: platform %r detection failed: %s", name, exc)
     return CpuPlatform()
+
+
+def check_device_type(group: Any, mode: str) -> AcceleratorPlatform:
+    """The platform of `group.device_type`; a `ConfigurationError` naming the group when no
+    platform is registered for it or this machine has fewer of its devices than the group
+    asks for. For backends whose workers run on the driver's machine."""
+    from .errors import PluginNotFoundError
+
+    try:
+        platform = get_platform(group.device_type)
+    except PluginNotFoundError as exc:
+        raise ConfigurationError(
+            f"DeviceGroup({group.name!r}, device_type={group.device_type!r}): no platform is "
+            f"registered for {group.device_type!r} in mode {mode!r}. {exc}"
+        ) from None
+    if group.device_type == "cpu":
+        return platform
+    needed = max(group.rank_list) + 1 if group.rank_list else 0
+    count = platform.device_count() if platform.is_available() else 0
+    if count < needed:
+        raise ConfigurationError(
+            f"DeviceGroup({group.name!r}, device_type={group.device_type!r}) uses device "
+            f"ranks up to {needed - 1}, but this machine has {count} {group.device_type} "
+            f"device(s) visible in mode {mode!r}. Use device_type='cpu' to run the group on "
+            "CPU workers, or run where the devices are"
+        )
+    return platform

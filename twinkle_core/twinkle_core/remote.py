@@ -69,6 +69,14 @@ def remote_function(
         )
 
     def decorate(fn: F) -> F:
+        if isinstance(fn, (staticmethod, classmethod, property)):
+            kind = type(fn).__name__
+            raise ConfigurationError(
+                f"@remote_function cannot decorate a {kind} "
+                f"({getattr(fn, '__func__', fn)!r}): a remote function runs on each worker's "
+                f"instance, so it must be a plain method taking self; drop @{kind}, or keep "
+                "the helper local without @remote_function"
+            )
         if not callable(fn):
             raise ConfigurationError(f"@remote_function decorates methods, got {fn!r}")
         spec = MethodSpec(
@@ -126,6 +134,7 @@ def remote_class(_cls: T | None = None, *, execute: str = "all") -> Any:
     def decorate(cls: T) -> T:
         if not inspect.isclass(cls):
             raise ConfigurationError(f"@remote_class decorates classes, got {cls!r}")
+        _reject_wrapped_remote_functions(cls)
         original_init = cls.__init__
         mesh_signature = _signature_with_mesh(original_init)
 
@@ -169,6 +178,26 @@ def remote_class(_cls: T | None = None, *, execute: str = "all") -> Any:
     if _cls is not None:
         return decorate(_cls)
     return decorate
+
+
+def _reject_wrapped_remote_functions(cls: type) -> None:
+    """`@staticmethod`/`@classmethod`/`@property` above `@remote_function` would run on the
+    driver, never on the workers: an error at class definition instead of a silent one."""
+    for name, attr in vars(cls).items():
+        inner: Any
+        if isinstance(attr, (staticmethod, classmethod)):
+            inner = attr.__func__
+        elif isinstance(attr, property):
+            inner = attr.fget
+        else:
+            continue
+        if isinstance(getattr(inner, SPEC_ATTR, None), MethodSpec):
+            kind = type(attr).__name__
+            raise ConfigurationError(
+                f"{cls.__name__}.{name}: @{kind} above @remote_function makes it run on the "
+                f"driver, never on the workers; a remote function must be a plain method "
+                f"taking self: drop @{kind}"
+            )
 
 
 def _signature_with_mesh(init: Callable) -> inspect.Signature | None:
