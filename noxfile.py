@@ -14,7 +14,8 @@ environments that hold torch share one copy of it on disk.
 torch is pinned to TORCH below, for these environments only (the packages ask for torch>=2.2).
 Where PyPI's default torch wheel is a CUDA build, set TWINKLE_TORCH_INDEX_URL to PyTorch's CPU
 wheel index. uv does not read pip's configuration: its find-links, index-url, extra-index-url,
-constraint and cert settings (from PIP_* variables or pip.conf) are passed on to uv below.
+constraint and cert settings (from PIP_* variables or pip.conf) are passed on to uv's installs
+below (TWINKLE_IGNORE_PIP_CONFIG=1 turns that off; UV_* variables already set win).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import sys
 from pathlib import Path
 
 import nox
+from nox.command import CommandFailed
 
 nox.needs_version = ">=2025.2.9"
 nox.options.default_venv_backend = "uv"
@@ -109,7 +111,10 @@ def _present(locations: list[str]) -> list[str]:
     return kept
 
 
-def _pass_pip_config_to_uv() -> None:
+def _uv_env_from_pip_config() -> dict[str, str]:
+    """Environment variables that give uv the indexes, links and certificates pip uses."""
+    if "TWINKLE_IGNORE_PIP_CONFIG" in os.environ:
+        return {}
     config = _pip_config()
     index_url = _present(_pip_setting(config, "index-url"))
     extra = _present(_pip_setting(config, "extra-index-url"))
@@ -127,13 +132,11 @@ def _pass_pip_config_to_uv() -> None:
         # pip picks the best version across all its indexes; uv's default would take only the
         # first index that has a package (an extra index holding an old ray would win).
         settings["UV_INDEX_STRATEGY"] = "unsafe-best-match"
-    for name, value in settings.items():
-        if value and name not in os.environ:
-            os.environ[name] = value
+    return {k: v for k, v in settings.items() if v and k not in os.environ}
 
 
-if "TWINKLE_IGNORE_PIP_CONFIG" not in os.environ:
-    _pass_pip_config_to_uv()
+# Given to uv's installs only (not to the tests).
+UV_ENV = _uv_env_from_pip_config()
 
 
 # --- helpers -----------------------------------------------------------------------------------
@@ -150,19 +153,18 @@ def _install(session: nox.Session, *packages: str, torch: bool = False) -> None:
         args.append(TORCH)
         if TORCH_INDEX_URL:
             args += ["--extra-index-url", TORCH_INDEX_URL, "--index-strategy", "unsafe-best-match"]
-    session.install(*args)
+    session.install(*args, env=UV_ENV)
 
 
 def _forbid(session: nox.Session, *modules: str) -> None:
     """Fail when a reused environment holds something this suite must run without."""
     code = (
-        "import importlib.util as u, sys\n"
-        f"found = [m for m in {modules!r} if u.find_spec(m)]\n"
-        "sys.exit(f'this environment must not hold {found}' if found else 0)\n"
+        f"import importlib.util as u, sys; found = [m for m in {modules!r} if u.find_spec(m)]; "
+        "sys.exit(f'this environment must not hold {found}' if found else 0)"
     )
     try:
         session.run("python", "-I", "-c", code, silent=True)
-    except nox.command.CommandFailed:
+    except CommandFailed:
         session.error(
             f"the {session.name} environment holds one of {', '.join(modules)}: "
             f"recreate it with `nox -s {session.name} --reuse-venv=no`"
@@ -195,23 +197,35 @@ def _pytest(session: nox.Session, report: Path, path: str) -> None:
 @nox.session
 def lint(session: nox.Session) -> None:
     """ruff over everything, mypy of twinkle-core, import-linter contracts (.importlinter)."""
-    session.install(*_groups("lint"), CORE)
-    session.run("ruff", "check", *LINT_PATHS)
-    with session.chdir("twinkle_core"):
-        session.run("mypy", "twinkle_core")
+    session.install(*_groups("lint"), CORE, env=UV_ENV)
+    failed = []  # run every check, then fail with the list
+    try:
+        session.run("ruff", "check", *LINT_PATHS)
+    except CommandFailed:
+        failed.append("ruff")
+    try:
+        with session.chdir("twinkle_core"):
+            session.run("mypy", "twinkle_core")
+    except CommandFailed:
+        failed.append("mypy")
     if (ROOT / ".importlinter").exists():
         # Contracts are checked on the source (static imports); the plugins are installed without
         # their dependencies only so that import-linter can find them.
-        session.install("--no-deps", LOCAL, RAY, DINGTALK)
-        session.run("lint-imports")
+        session.install("--no-deps", LOCAL, RAY, DINGTALK, env=UV_ENV)
+        try:
+            session.run("lint-imports")
+        except CommandFailed:
+            failed.append("lint-imports")
     else:
         session.log("no .importlinter at the repository root: import contracts not checked")
+    if failed:
+        session.error(f"failed: {', '.join(failed)}")
 
 
 @nox.session
 def docs(session: nox.Session) -> None:
     """mkdocs build --strict (warnings, broken links and anchors fail)."""
-    session.install(*_groups("docs"), CORE)
+    session.install(*_groups("docs"), CORE, env=UV_ENV)
     site = str(REPORTS / "site")
     session.run("mkdocs", "build", "--strict", "--quiet", "--site-dir", site, *session.posargs)
 
@@ -277,7 +291,7 @@ def demo(session: nox.Session) -> None:
 @nox.session
 def dist(session: nox.Session) -> None:
     """Wheels and sdists of the four packages into dist/, checked by `twine check --strict`."""
-    session.install(*_groups("dist"))
+    session.install(*_groups("dist"), env=UV_ENV)
     out = ROOT / "dist"
     shutil.rmtree(out, ignore_errors=True)
     for package in PACKAGES:
@@ -293,7 +307,7 @@ def dist(session: nox.Session) -> None:
             str(out),
             package,
             silent=True,
-            env={"PYTHONDONTWRITEBYTECODE": None},
+            env={**UV_ENV, "PYTHONDONTWRITEBYTECODE": None},
         )
         warnings = [line for line in str(log).splitlines() if "warning" in line.lower()]
         if warnings:

@@ -2,6 +2,9 @@
 
     python scripts/summarize_tests.py REPORT_FOLDER [SUITE ...]
 
+When REPORT_FOLDER holds nox.json (nox --report), each failed session that is not a test suite
+(lint, docs, ...) also counts as one failure.
+
 With SUITE names, a suite whose report is missing (its set-up failed, or a timeout ended pytest
 before it wrote the report) counts as one failure, and so does a suite that ran no test. Exits
 non-zero when anything failed, so an empty or half run can never look green. Skips and xfails are
@@ -11,6 +14,7 @@ tests/skip_allowlist.py does not allow.
 
 from __future__ import annotations
 
+import json
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -60,6 +64,15 @@ def main(folder: str, expected: list[str]) -> int:
         totals["passed"] += passed
         totals["failed"] += failed
         totals["skipped"] += skipped
+    nox_report = Path(folder) / "nox.json"
+    if nox_report.exists():
+        for session in json.loads(nox_report.read_text()).get("sessions", []):
+            name, result = session.get("name", "?"), session.get("result")
+            if name not in reports and name not in expected and result == "failed":
+                reason = session.get("reason") or "see its output above"
+                print(f"  {name:<12} session failed: {reason}")
+                problems.append(f"{name} (session failed)")
+                totals["failed"] += 1
     if skipped_names:
         print("skipped (allowed by tests/skip_allowlist.py):")
         for line in skipped_names:
@@ -69,7 +82,7 @@ def main(folder: str, expected: list[str]) -> int:
         for line in failed_names:
             print(f"  {line}")
     if problems:
-        print(f"suites without a complete run: {', '.join(problems)}", file=sys.stderr)
+        print(f"not a complete, clean run: {', '.join(problems)}", file=sys.stderr)
     # The closing line, alone on its line.
     print(f"{totals['passed']} passed, {totals['failed']} failed, {totals['skipped']} skipped")
     if not totals["passed"] and not totals["failed"] and not problems:

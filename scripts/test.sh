@@ -30,16 +30,17 @@ REPORTS="$PWD/.test-reports"
 rm -rf "$REPORTS" && mkdir -p "$REPORTS"
 
 status=0
-NOX_ARGS=(--sessions "${SESSIONS[@]}")
+NOX_ARGS=(--report "$REPORTS/nox.json" --sessions "${SESSIONS[@]}")
 [ ${#POSARGS[@]} -eq 0 ] || NOX_ARGS+=(-- "${POSARGS[@]}")
 "$NOX" "${NOX_ARGS[@]}" || status=$?
 
+# One summary: every test suite's counts, plus each other session that failed (lint, docs, ...).
 SUITES=()
 for s in "${SESSIONS[@]}"; do
   case "$s" in core | dingtalk | local | ray | integration) SUITES+=("$s") ;; esac
 done
 if [ ${#SUITES[@]} -gt 0 ]; then
-  log "summary (JUnit reports in $REPORTS)"
+  log "summary (reports in $REPORTS)"
   "$TOOLS/bin/python" scripts/summarize_tests.py "$REPORTS" "${SUITES[@]}" || status=1
 fi
 exit "$status"
