@@ -28,7 +28,7 @@ from twinkle_core import (
     remote_function,
 )
 
-from .runner import Check, CheckFailed, expect, expect_raises, expect_true, notes_of, show
+from .runner import Check, CheckFailed, Session, expect, expect_raises, expect_true, notes_of, show
 
 # ----------------------------------------------------------------------------- call sites
 # Core names the user's own line in a failure (`[twinkle driver caller: FILE:LINE]`) and skips
@@ -367,11 +367,16 @@ class Faulty:
 
 
 # ----------------------------------------------------------------------------- the checks
-BATCH = {"x": [0, 1, 2, 3, 4, 5, 6], "y": np.arange(7) * 10, "z": (0, 1, 2, 3), "tag": "t"}
+BATCH = {
+    "x": [0, 1, 2, 3, 4, 5, 6],
+    "y": np.arange(7) * 10,
+    "z": (100, 101, 102, 103, 104, 105, 106),
+    "tag": "t",
+}
 
 
-def check_dispatch_all() -> None:
-    probe = Probe(remote_group="two")
+def check_dispatch_all(run: Session) -> None:
+    probe = run.shared(Probe, "two")
     expect(
         "all_args([1, 2, 3], 7, name='n') with dispatch='all'",
         probe.all_args([1, 2, 3], 7, name="n")(),
@@ -379,8 +384,8 @@ def check_dispatch_all() -> None:
     )
 
 
-def check_dispatch_slice() -> None:
-    probe = Probe(remote_group="two")
+def check_dispatch_slice(run: Session) -> None:
+    probe = run.shared(Probe, "two")
     expect(
         "slice_args([1, 2, 3, 4, 5], 7, (9, 8)) with dispatch='slice'",
         probe.slice_args([1, 2, 3, 4, 5], 7, (9, 8))(),
@@ -388,20 +393,20 @@ def check_dispatch_slice() -> None:
     )
 
 
-def check_dispatch_slice_dp() -> None:
-    probe = Probe(remote_group="two")
+def check_dispatch_slice_dp(run: Session) -> None:
+    probe = run.shared(Probe, "two")
     expect(
         "dp_args(batch of 7) with dispatch='slice_dp' on dp=2",
         probe.dp_args(BATCH)(),
         [
-            [0, 0, [0, 1, 2, 3], [0, 10, 20, 30], [0, 1], "t"],
-            [1, 1, [4, 5, 6], [40, 50, 60], [2, 3], "t"],
+            [0, 0, [0, 1, 2, 3], [0, 10, 20, 30], [100, 101, 102, 103], "t"],
+            [1, 1, [4, 5, 6], [40, 50, 60], [104, 105, 106], "t"],
         ],
     )
 
 
-def check_dispatch_callable() -> None:
-    probe = Probe(remote_group="two")
+def check_dispatch_callable(run: Session) -> None:
+    probe = run.shared(Probe, "two")
     expect(
         "strided([10, 20, 30, 40, 50]) with a function as dispatcher",
         probe.strided([10, 20, 30, 40, 50])(),
@@ -409,8 +414,8 @@ def check_dispatch_callable() -> None:
     )
 
 
-def check_dispatch_wrong_share_count() -> None:
-    probe = Probe(remote_group="two")
+def check_dispatch_wrong_share_count(run: Session) -> None:
+    probe = Probe(remote_group="two")  # fresh: the check counts its runs
     exc = expect_raises(
         "a dispatcher returning 1 share for 2 workers",
         lambda: probe.one_share(5)(),
@@ -424,8 +429,8 @@ def check_dispatch_wrong_share_count() -> None:
     expect("run_count() after the rejected call", probe.run_count()(), [0, 0])
 
 
-def check_execute_all() -> None:
-    probe = Probe(remote_group="two")
+def check_execute_all(run: Session) -> None:
+    probe = run.shared(Probe, "two")
     expect(
         "identity() with execute='all'",
         probe.identity()(),
@@ -433,13 +438,13 @@ def check_execute_all() -> None:
     )
 
 
-def check_execute_first_collect_none() -> None:
-    probe = Probe(remote_group="two")
+def check_execute_first_collect_none(run: Session) -> None:
+    probe = Probe(remote_group="two")  # fresh: the check counts its runs
     expect("first_only(5) with execute='first', collect='none'", probe.first_only(5)(), [[0, 5]])
     expect("run_count() of each worker after first_only", probe.run_count()(), [1, 0])
 
 
-def check_execute_peer() -> None:
+def check_execute_peer(run: Session) -> None:
     asker = Asker(remote_group="two")
     answerer = Answerer(remote_group="other")
     expect(
@@ -454,8 +459,8 @@ def check_execute_peer() -> None:
     )
 
 
-def check_collect_none() -> None:
-    probe = Probe(remote_group="two")
+def check_collect_none(run: Session) -> None:
+    probe = run.shared(Probe, "two")
     expect(
         "record() with collect='none'",
         probe.record()(),
@@ -463,8 +468,8 @@ def check_collect_none() -> None:
     )
 
 
-def check_collect_flatten() -> None:
-    probe = Probe(remote_group="two")
+def check_collect_flatten(run: Session) -> None:
+    probe = run.shared(Probe, "two")
     expect(
         "times_ten([1, 2, 3, 4, 5]) with collect='flatten'",
         probe.times_ten([1, 2, 3, 4, 5])(),
@@ -472,26 +477,26 @@ def check_collect_flatten() -> None:
     )
 
 
-def check_collect_mean() -> None:
-    probe = Probe(remote_group="two")
+def check_collect_mean(run: Session) -> None:
+    probe = run.shared(Probe, "two")
     batch = [1, 2, 3, 4, 5, 6, 7]
     expect("shard_mean([1..7]) with collect='mean' (10.0, 18.0)", probe.shard_mean(batch)(), 14.0)
     expect("shard_size_mean([1..7]) with collect='mean' (4+3)", probe.shard_size_mean(batch)(), 3.5)
 
 
-def check_collect_sum() -> None:
-    probe = Probe(remote_group="two")
+def check_collect_sum(run: Session) -> None:
+    probe = run.shared(Probe, "two")
     batch = [1, 2, 3, 4, 5, 6, 7]
     expect("shard_sum([1..7]) with collect='sum'", probe.shard_sum(batch)(), 28.0)
     expect("shard_size_sum([1..7]) with collect='sum'", probe.shard_size_sum(batch)(), 7)
 
 
-def check_collect_first() -> None:
-    probe = Probe(remote_group="two")
+def check_collect_first(run: Session) -> None:
+    probe = run.shared(Probe, "two")
     expect("rank_code() with collect='first' (rank * 100 + 7)", probe.rank_code()(), 7)
 
 
-def check_collect_last_pp() -> None:
+def check_collect_last_pp(run: Session) -> None:
     stage = Stage(remote_group="two", device_mesh=DeviceMesh.from_sizes(pp_size=2))
     expect("stage('x') with collect='last_pp' on pp=2", stage.stage("x")(), [["x", 1, 1]])
     expect(
@@ -501,8 +506,8 @@ def check_collect_last_pp() -> None:
     )
 
 
-def check_collect_concat() -> None:
-    probe = Probe(remote_group="two")
+def check_collect_concat(run: Session) -> None:
+    probe = run.shared(Probe, "two")
     expect(
         "doubled(np.arange(6)) with slice_dp and collect='concat'",
         probe.doubled(np.arange(6))(),
@@ -510,8 +515,8 @@ def check_collect_concat() -> None:
     )
 
 
-def check_collect_callable() -> None:
-    probe = Probe(remote_group="two")
+def check_collect_callable(run: Session) -> None:
+    probe = run.shared(Probe, "two")
     expect(
         "tens() with a function as collector",
         probe.tens()(),
@@ -519,8 +524,8 @@ def check_collect_callable() -> None:
     )
 
 
-def check_collect_dict_per_key() -> None:
-    probe = Probe(remote_group="two")
+def check_collect_dict_per_key(run: Session) -> None:
+    probe = run.shared(Probe, "two")
     expect(
         "shard_stats([1..7]) with collect='mean' over dict results",
         probe.shard_stats([1, 2, 3, 4, 5, 6, 7])(),
@@ -528,8 +533,8 @@ def check_collect_dict_per_key() -> None:
     )
 
 
-def check_collect_tuple_elementwise() -> None:
-    probe = Probe(remote_group="two")
+def check_collect_tuple_elementwise(run: Session) -> None:
+    probe = run.shared(Probe, "two")
     expect(
         "shard_pair([1..7]) with collect='sum' over tuple results",
         probe.shard_pair([1, 2, 3, 4, 5, 6, 7])(),
@@ -537,7 +542,7 @@ def check_collect_tuple_elementwise() -> None:
     )
 
 
-def check_device_mesh_keyword() -> None:
+def check_device_mesh_keyword(run: Session) -> None:
     holder = MeshHolder(
         device_mesh=DeviceMesh.from_sizes(pp_size=2), tag="kw", remote_group="two"
     )
@@ -548,7 +553,7 @@ def check_device_mesh_keyword() -> None:
     )
 
 
-def check_device_mesh_positional() -> None:
+def check_device_mesh_positional(run: Session) -> None:
     holder = MeshHolder(DeviceMesh.from_sizes(tp_size=2), "pos", remote_group="two")
     expect(
         "MeshHolder(tp=2 mesh, 'pos').describe() (mesh passed positionally)",
@@ -557,7 +562,7 @@ def check_device_mesh_positional() -> None:
     )
 
 
-def check_device_mesh_default() -> None:
+def check_device_mesh_default(run: Session) -> None:
     holder = MeshHolder(remote_group="two")
     expect(
         "MeshHolder().describe() (no mesh passed: the group's default dp mesh)",
@@ -566,9 +571,9 @@ def check_device_mesh_default() -> None:
     )
 
 
-def check_lazy_to_group_of_other_size() -> None:
-    two = Probe(remote_group="two")
-    one = Probe(remote_group="one")
+def check_lazy_to_group_of_other_size(run: Session) -> None:
+    two = run.shared(Probe, "two")
+    one = run.shared(Probe, "one")
     doubled = two.doubled(np.arange(6))  # collected from 2 workers, consumed by 1
     expect(
         "one.plus_thousand(two.doubled(np.arange(6)))",
@@ -579,8 +584,8 @@ def check_lazy_to_group_of_other_size() -> None:
     expect("two.dp_items(one.count_up(4))", two.dp_items(items)(), [[0, [0, 1]], [1, [2, 3]]])
 
 
-def check_lazy_to_constructor() -> None:
-    one = Probe(remote_group="one")
+def check_lazy_to_constructor(run: Session) -> None:
+    one = run.shared(Probe, "one")
     offset = Offset(one.number(5), extras={"list": [one.number(7)]}, remote_group="two")
     expect(
         "Offset(one.number(5), extras={'list': [one.number(7)]}).values()",
@@ -589,9 +594,9 @@ def check_lazy_to_constructor() -> None:
     )
 
 
-def check_lazy_nested_in_arguments() -> None:
-    one = Probe(remote_group="one")
-    two = Probe(remote_group="two")
+def check_lazy_nested_in_arguments(run: Session) -> None:
+    one = run.shared(Probe, "one")
+    two = run.shared(Probe, "two")
     argument = {"a": one.number(5), "b": [one.count_up(4), 3]}
     expect(
         "two.received({'a': one.number(5), 'b': [one.count_up(4), 3]})",
@@ -600,7 +605,7 @@ def check_lazy_nested_in_arguments() -> None:
     )
 
 
-def check_iterate_remote_loader() -> None:
+def check_iterate_remote_loader(run: Session) -> None:
     loader = Loader(3, remote_group="two")
     expect("[item for item in loader]", [item for item in loader], [[0, 10], [0, 20], [0, 30]])
     expect("iterating the loader again", list(loader), [[0, 10], [0, 20], [0, 30]])
@@ -608,7 +613,7 @@ def check_iterate_remote_loader() -> None:
     expect("next(iter(loader))", next(iterator), [0, 10])
 
 
-def check_seeded_random() -> None:
+def check_seeded_random(run: Session) -> None:
     draws = Dice(remote_group="two").draws()()
     expect_true(
         "every worker built from seed 1234 to draw the same numbers",
@@ -638,8 +643,8 @@ def _expect_failing_rank(what: str, exc: BaseException) -> None:
         )
 
 
-def check_error_value_error() -> None:
-    faulty = Faulty(remote_group="two")
+def check_error_value_error(run: Session) -> None:
+    faulty = run.shared(Faulty, "two")
     exc = expect_raises(
         "value_error(7) raising on rank 1", lambda: driver_call(faulty.value_error, 7)(), ValueError
     )
@@ -647,8 +652,8 @@ def check_error_value_error() -> None:
     _expect_failing_rank("ValueError", exc)
 
 
-def check_error_key_error() -> None:
-    faulty = Faulty(remote_group="two")
+def check_error_key_error(run: Session) -> None:
+    faulty = run.shared(Faulty, "two")
     exc = expect_raises(
         "key_error() raising on rank 1", lambda: driver_call(faulty.key_error)(), KeyError
     )
@@ -657,8 +662,8 @@ def check_error_key_error() -> None:
     _expect_failing_rank("KeyError", exc)
 
 
-def check_error_os_error() -> None:
-    faulty = Faulty(remote_group="two")
+def check_error_os_error(run: Session) -> None:
+    faulty = run.shared(Faulty, "two")
     exc = expect_raises(
         "os_error() raising on rank 1", lambda: driver_call(faulty.os_error)(), FileNotFoundError
     )
@@ -669,8 +674,8 @@ def check_error_os_error() -> None:
     _expect_failing_rank("FileNotFoundError", exc)
 
 
-def check_error_two_arg_init() -> None:
-    faulty = Faulty(remote_group="two")
+def check_error_two_arg_init(run: Session) -> None:
+    faulty = run.shared(Faulty, "two")
     exc = expect_raises(
         "two_arg_error() raising on rank 1",
         lambda: driver_call(faulty.two_arg_error)(),
@@ -681,8 +686,8 @@ def check_error_two_arg_init() -> None:
     _expect_failing_rank("TwoArgError", exc)
 
 
-def check_error_unpicklable_attribute() -> None:
-    faulty = Faulty(remote_group="two")
+def check_error_unpicklable_attribute(run: Session) -> None:
+    faulty = run.shared(Faulty, "two")
     exc = expect_raises(
         "locked_error() raising on rank 1 (an exception holding a threading.Lock)",
         lambda: driver_call(faulty.locked_error)(),
@@ -692,8 +697,8 @@ def check_error_unpicklable_attribute() -> None:
     _expect_failing_rank("LockedError", exc)
 
 
-def check_timeout_per_method() -> None:
-    faulty = Faulty(remote_group="two")
+def check_timeout_per_method(run: Session) -> None:
+    faulty = run.shared(Faulty, "two")
     slow = driver_call(faulty.slow, 2.0)  # @remote_function(timeout=0.5)
     started = time.monotonic()
     try:
@@ -718,10 +723,10 @@ def check_timeout_per_method() -> None:
     expect("quick(5) after the timed-out call", faulty.quick(5)(), [5, 5])
 
 
-def check_mesh_dp2_tp2_slice_dp() -> None:
-    probe = Probe(remote_group="four", device_mesh=DeviceMesh.from_sizes(dp_size=2, tp_size=2))
-    shard0 = [[0, 1, 2, 3], [0, 10, 20, 30], [0, 1], "t"]
-    shard1 = [[4, 5, 6], [40, 50, 60], [2, 3], "t"]
+def check_mesh_dp2_tp2_slice_dp(run: Session) -> None:
+    probe = run.shared(Probe, "four", device_mesh=DeviceMesh.from_sizes(dp_size=2, tp_size=2))
+    shard0 = [[0, 1, 2, 3], [0, 10, 20, 30], [100, 101, 102, 103], "t"]
+    shard1 = [[4, 5, 6], [40, 50, 60], [104, 105, 106], "t"]
     expect(
         "dp_args(batch of 7) with slice_dp on dp=2 x tp=2",
         probe.dp_args(BATCH)(),
@@ -734,8 +739,8 @@ def check_mesh_dp2_tp2_slice_dp() -> None:
     )
 
 
-def check_mesh_dp2_tp2_reductions() -> None:
-    probe = Probe(remote_group="four", device_mesh=DeviceMesh.from_sizes(dp_size=2, tp_size=2))
+def check_mesh_dp2_tp2_reductions(run: Session) -> None:
+    probe = run.shared(Probe, "four", device_mesh=DeviceMesh.from_sizes(dp_size=2, tp_size=2))
     batch = [1, 2, 3, 4, 5, 6, 7]
     # Data shards [1, 2, 3, 4] and [5, 6, 7]; tp rank 1 adds 100 to its value, so counting a
     # tp peer would show. Each data shard counts once, through its tp-rank-0 worker.

@@ -35,13 +35,14 @@ class Check:
     every group on the same processes (twinkle-local puts a group of k workers on ranks
     0..k-1), the number of processes the check needs; in a smaller world it is reported as not
     applicable. `total_workers` is what a backend giving every group processes of its own
-    needs. `body` runs the driver code and raises `CheckFailed` on a mismatch.
+    needs. `body(session)` runs the driver code in a started `Session` and raises `CheckFailed`
+    on a mismatch.
     """
 
     name: str
     description: str
     groups: tuple[tuple[str, int], ...]
-    body: Callable[[], None] = field(repr=False, compare=False)
+    body: Callable[[Session], None] = field(repr=False, compare=False)
 
     @property
     def world_size(self) -> int:
@@ -194,6 +195,91 @@ def notes_of(exc: BaseException) -> list[str]:
 
 
 # --------------------------------------------------------------------- running
+class Session:
+    """One run (`initialize` ... `shutdown`) in which consecutive checks execute.
+
+    Checks build their remote objects themselves; objects that hold no state a check depends
+    on are shared between the checks of a session through `shared()`, which saves starting
+    worker processes again for every check. After a failed check the runner starts a new
+    session, so a failure never spills into the next check.
+    """
+
+    def __init__(
+        self, mode: str, groups: Mapping[str, int], options: Mapping[str, Any] | None = None
+    ) -> None:
+        self.mode = mode
+        self.groups = dict(groups)
+        self.options = dict(options or {})
+        self.started = False
+        self._shared: dict[tuple, Any] = {}
+
+    def start(self) -> None:
+        from twinkle_core import DeviceGroup, initialize
+
+        initialize(
+            self.mode,
+            seed=SEED,
+            groups=[DeviceGroup(name, n, "cpu") for name, n in sorted(self.groups.items())],
+            name="twinkle-conformance",
+            **self.options,
+        )
+        self.started = True
+
+    def close(self) -> None:
+        from twinkle_core import shutdown
+
+        self._shared.clear()
+        if self.started:
+            self.started = False
+            shutdown()
+
+    def fits(self, check: Check) -> bool:
+        return all(self.groups.get(name) == n for name, n in check.groups)
+
+    def shared(self, cls: type, group: str, **kwargs: Any) -> Any:
+        """`cls(remote_group=group, **kwargs)`, built once per session."""
+        key = (cls, group, *sorted((k, repr(v)) for k, v in kwargs.items()))
+        if key not in self._shared:
+            self._shared[key] = cls(remote_group=group, **kwargs)
+        return self._shared[key]
+
+
+def not_applicable(check: Check, world_size: int | None) -> CheckResult | None:
+    """The not-applicable result when `check` needs more processes than `world_size`."""
+    if world_size is None or check.world_size <= world_size:
+        return None
+    return CheckResult(
+        check.name,
+        NOT_APPLICABLE,
+        f"needs a world of {check.world_size} processes (its largest group has "
+        f"{check.world_size} workers); this world has {world_size}",
+    )
+
+
+def _run_in(session: Session, check: Check) -> CheckResult:
+    if not session.started:
+        try:
+            session.start()
+        except Exception as exc:
+            return CheckResult(check.name, FAILED, f"initialize failed: {_describe(exc)}")
+    try:
+        check.body(session)
+    except CheckFailed as exc:
+        return CheckResult(check.name, FAILED, " ".join(str(exc).split()))
+    except Exception as exc:
+        return CheckResult(check.name, FAILED, f"raised {_describe(exc)}")
+    return CheckResult(check.name, PASSED)
+
+
+def _close(session: Session, result: CheckResult) -> CheckResult:
+    try:
+        session.close()
+    except Exception as exc:
+        if result.outcome == PASSED:
+            return CheckResult(result.name, FAILED, f"shutdown failed: {_describe(exc)}")
+    return result
+
+
 def run_check(
     check: Check,
     mode: str,
@@ -201,44 +287,16 @@ def run_check(
     options: Mapping[str, Any] | None = None,
     world_size: int | None = None,
 ) -> CheckResult:
-    """Run `check` in its own run of backend `mode` and return its outcome.
+    """Run `check` in a run of its own of backend `mode` and return its outcome.
 
     `options` go to `initialize` as backend options. With `world_size` (the number of
     processes of an SPMD job), a check whose largest group is larger is not applicable.
     """
-    from twinkle_core import DeviceGroup, initialize, shutdown
-
-    if world_size is not None and check.world_size > world_size:
-        return CheckResult(
-            check.name,
-            NOT_APPLICABLE,
-            f"needs a world of {check.world_size} processes (its largest group has "
-            f"{check.world_size} workers); this world has {world_size}",
-        )
-    try:
-        initialize(
-            mode,
-            seed=SEED,
-            groups=[DeviceGroup(name, n, "cpu") for name, n in check.groups],
-            name=f"conformance-{check.name}",
-            **dict(options or {}),
-        )
-    except Exception as exc:
-        return CheckResult(check.name, FAILED, f"initialize failed: {_describe(exc)}")
-    try:
-        check.body()
-    except CheckFailed as exc:
-        result = CheckResult(check.name, FAILED, " ".join(str(exc).split()))
-    except Exception as exc:
-        result = CheckResult(check.name, FAILED, f"raised {_describe(exc)}")
-    else:
-        result = CheckResult(check.name, PASSED)
-    try:
-        shutdown()
-    except Exception as exc:  # the next check starts a run of its own anyway
-        if result.outcome == PASSED:
-            result = CheckResult(check.name, FAILED, f"shutdown failed: {_describe(exc)}")
-    return result
+    skipped = not_applicable(check, world_size)
+    if skipped is not None:
+        return skipped
+    session = Session(mode, dict(check.groups), options)
+    return _close(session, _run_in(session, check))
 
 
 def _describe(exc: BaseException) -> str:
@@ -261,13 +319,46 @@ def run_checks(
     select: Iterable[str] | None = None,
     on_result: Callable[[CheckResult], None] | None = None,
 ) -> ConformanceReport:
-    """Run every conformance check (or those whose name contains a `select` substring)."""
+    """Run every conformance check (or those whose name contains a `select` substring).
+
+    Checks of the same world size share sessions (runs) whose groups are the union of theirs;
+    a failed check ends its session, and the next check starts a new one.
+    """
     from .checks import conformance_checks
 
-    results = []
-    for check in select_checks(conformance_checks(), select):
-        result = run_check(check, mode, options=options, world_size=world_size)
-        results.append(result)
+    checks = select_checks(conformance_checks(), select)
+    results: dict[str, CheckResult] = {}
+    errors: list[str] = []
+
+    def record(result: CheckResult) -> None:
+        results[result.name] = result
         if on_result is not None:
             on_result(result)
-    return ConformanceReport(results)
+
+    runnable: dict[int, list[Check]] = {}
+    for check in checks:
+        skipped = not_applicable(check, world_size)
+        if skipped is not None:
+            record(skipped)
+        else:
+            runnable.setdefault(check.world_size, []).append(check)
+    for batch in runnable.values():
+        groups: dict[str, int] = {}
+        for check in batch:
+            for name, n in check.groups:
+                groups[name] = max(n, groups.get(name, 0))
+        session = Session(mode, groups, options)
+        for check in batch:
+            if not session.fits(check):  # the same group name with another size: run alone
+                record(run_check(check, mode, options=options))
+                continue
+            result = _run_in(session, check)
+            if result.outcome != PASSED:
+                result = _close(session, result)
+                session = Session(mode, groups, options)
+            record(result)
+        try:
+            session.close()
+        except Exception as exc:
+            errors.append(f"shutdown after the last check failed: {_describe(exc)}")
+    return ConformanceReport([results[c.name] for c in checks], errors)
