@@ -1,0 +1,31 @@
+"""The conformance kit against mode 'ray' on the session's two-node cluster.
+
+`python -m twinkle_core.testing --mode ray --option address=...` runs every check in one driver
+process, the dp=2 x tp=2 ones included (four CPU workers).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from twinkle_core.testing import conformance_checks, run_kit
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.timeout(900)
+def test_ray_passes_every_check(cluster, tmp_path):
+    env = dict(os.environ)
+    env.pop("TWINKLE_MODE", None)
+    run = run_kit(
+        "ray", options={"address": cluster.address}, cwd=tmp_path, env=env, timeout=780
+    )
+    assert run.returncode == 0, run.output
+    assert run.passed >= 20 and run.failed == 0 and run.errors == 0, run.output
+    assert run.not_applicable == 0, run.output
+    assert run.passed == len(conformance_checks())
+    for name in ("mesh_dp2_tp2_slice_dp", "mesh_dp2_tp2_reductions"):
+        assert name not in run.failed_checks and name not in run.not_applicable_checks
+    assert run.output.splitlines()[-1] == f"{run.passed} passed, 0 failed"
