@@ -46,6 +46,8 @@ LOCAL = "./twinkle_local"
 RAY = "./twinkle_ray"
 DINGTALK = "./twinkle_notify_dingtalk"
 PACKAGES = (CORE, LOCAL, RAY, DINGTALK)
+ALL_IMPORTS = ("torch", "ray", "twinkle_core", "twinkle_local", "twinkle_ray")
+ALL_IMPORTS += ("twinkle_notify_dingtalk",)
 LINT_PATHS = (
     "twinkle_core",
     "twinkle_local",
@@ -137,6 +139,9 @@ def _uv_env_from_pip_config() -> dict[str, str]:
 
 # Given to uv's installs only (not to the tests).
 UV_ENV = _uv_env_from_pip_config()
+# uv installs no bytecode: without it every process that imports torch compiles it (about twice
+# the CPU time). Processes run by the sessions write it once into the environment.
+WRITE_BYTECODE = {"PYTHONDONTWRITEBYTECODE": None}
 
 
 # --- helpers -----------------------------------------------------------------------------------
@@ -156,17 +161,22 @@ def _install(session: nox.Session, *packages: str, torch: bool = False) -> None:
     session.install(*args, env=UV_ENV)
 
 
-def _forbid(session: nox.Session, *modules: str) -> None:
-    """Fail when a reused environment holds something this suite must run without."""
+def _check_env(session: nox.Session, imports: tuple[str, ...], forbid: tuple[str, ...] = ()):
+    """Import the suite's packages once, and fail if a reused environment holds a forbidden one.
+
+    uv installs no bytecode; this first import writes it (-I: whatever PYTHONDONTWRITEBYTECODE
+    says), so the many processes a suite starts do not each compile torch and ray from source.
+    """
     code = (
-        f"import importlib.util as u, sys; found = [m for m in {modules!r} if u.find_spec(m)]; "
+        f"import importlib.util as u, sys; found = [m for m in {forbid!r} if u.find_spec(m)]; "
         "sys.exit(f'this environment must not hold {found}' if found else 0)"
     )
+    session.run("python", "-I", "-c", f"import {', '.join(imports)}", silent=True)
     try:
         session.run("python", "-I", "-c", code, silent=True)
     except CommandFailed:
         session.error(
-            f"the {session.name} environment holds one of {', '.join(modules)}: "
+            f"the {session.name} environment holds one of {', '.join(forbid)}: "
             f"recreate it with `nox -s {session.name} --reuse-venv=no`"
         )
 
@@ -188,6 +198,7 @@ def _pytest(session: nox.Session, report: Path, path: str) -> None:
         f"--junitxml={report}",
         "--continue-on-collection-errors",
         *session.posargs,
+        env=WRITE_BYTECODE,
     )
 
 
@@ -235,7 +246,8 @@ def core(session: nox.Session) -> None:
     """tests/core with twinkle-core installed as a user would: no torch, ray or plugins."""
     report = _start_report("core")
     _install(session, CORE)
-    _forbid(session, "torch", "ray", "twinkle_local", "twinkle_ray", "twinkle_notify_dingtalk")
+    forbid = ("torch", "ray", "twinkle_local", "twinkle_ray", "twinkle_notify_dingtalk")
+    _check_env(session, ("twinkle_core", "hypothesis", "numpy"), forbid)
     _pytest(session, report, "tests/core")
 
 
@@ -244,7 +256,8 @@ def dingtalk(session: nox.Session) -> None:
     """tests/notify_dingtalk with twinkle-core and twinkle-notify-dingtalk only."""
     report = _start_report("dingtalk")
     _install(session, CORE, DINGTALK)
-    _forbid(session, "torch", "ray", "twinkle_local", "twinkle_ray")
+    forbid = ("torch", "ray", "twinkle_local", "twinkle_ray")
+    _check_env(session, ("twinkle_core", "twinkle_notify_dingtalk", "hypothesis"), forbid)
     _pytest(session, report, "tests/notify_dingtalk")
 
 
@@ -253,7 +266,8 @@ def local(session: nox.Session) -> None:
     """tests/local: twinkle-core, twinkle-local and torch."""
     report = _start_report("local")
     _install(session, CORE, LOCAL, torch=True)
-    _forbid(session, "ray", "twinkle_ray", "twinkle_notify_dingtalk")
+    forbid = ("ray", "twinkle_ray", "twinkle_notify_dingtalk")
+    _check_env(session, ("torch", "twinkle_core", "twinkle_local", "hypothesis"), forbid)
     _pytest(session, report, "tests/local")
 
 
@@ -262,7 +276,7 @@ def ray(session: nox.Session) -> None:
     """tests/ray: twinkle-core, twinkle-local, twinkle-ray, ray and torch."""
     report = _start_report("ray")
     _install(session, CORE, LOCAL, RAY, torch=True)
-    _forbid(session, "twinkle_notify_dingtalk")
+    _check_env(session, ("torch", "ray", "twinkle_ray", "hypothesis"), ("twinkle_notify_dingtalk",))
     _pytest(session, report, "tests/ray")
 
 
@@ -271,6 +285,7 @@ def integration(session: nox.Session) -> None:
     """tests/integration with all four packages."""
     report = _start_report("integration")
     _install(session, *PACKAGES, torch=True)
+    _check_env(session, ALL_IMPORTS)
     _pytest(session, report, "tests/integration")
 
 
@@ -278,14 +293,16 @@ def integration(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """benchmarks/run.py with all four packages (arguments after "--" go to it, e.g. --quick)."""
     _install(session, *PACKAGES, torch=True)
-    session.run("python", "benchmarks/run.py", *session.posargs)
+    _check_env(session, ALL_IMPORTS)
+    session.run("python", "benchmarks/run.py", *session.posargs, env=WRITE_BYTECODE)
 
 
 @nox.session
 def demo(session: nox.Session) -> None:
     """The example pipeline under torchrun, on an embedded Ray cluster and in-process."""
     _install(session, *PACKAGES, torch=True)
-    session.run("python", "scripts/demo.py", *session.posargs)
+    _check_env(session, ALL_IMPORTS)
+    session.run("python", "scripts/demo.py", *session.posargs, env=WRITE_BYTECODE)
 
 
 @nox.session
