@@ -6,6 +6,7 @@ create workers and run what they are told on them.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -161,12 +162,23 @@ def invoke(
         WorkerCall(rank, tuple(a), dict(k))
         for rank, (a, k) in zip(targets, per_worker, strict=True)
     ]
+    started = time.monotonic()
     pending = workers.submit(spec.name, calls, collector=collector, device_mesh=mesh)
+    # Backends that run a call while submitting it (in-process, torchrun) cannot interrupt it;
+    # a call that outlived its method's timeout there fails as it would where it could be.
+    took = time.monotonic() - started
+    overran = spec.timeout is not None and took > spec.timeout
     method = f"{workers.class_name}.{spec.name}"
 
     def resolve(timeout: float | None) -> Any:
         deadline = timeout if timeout is not None else spec.timeout
         try:
+            if overran and pending.done():
+                raise CallTimeoutError(
+                    f"{method} on group {workers.group.name!r} did not finish within its "
+                    f"timeout={spec.timeout:g}s (it ran for {took:.3g}s "
+                    "while being submitted)"
+                )
             return pending.collect(collector, mesh, deadline)
         except WorkersFailedError as errors:
             failure = CallFailure(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -32,6 +33,7 @@ class DeviceMesh:
     mesh: np.ndarray
     mesh_dim_names: tuple[str, ...]
     _coords: dict[int, tuple[int, ...]] = field(init=False, repr=False)
+    _memo: dict[Any, Any] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         mesh = np.asarray(self.mesh)
@@ -56,6 +58,8 @@ class DeviceMesh:
         object.__setattr__(self, "mesh_dim_names", names)
         coords = {int(mesh[idx]): tuple(int(i) for i in idx) for idx in np.ndindex(mesh.shape)}
         object.__setattr__(self, "_coords", coords)
+        # The mesh is immutable: answers every call asks again are computed once.
+        object.__setattr__(self, "_memo", {})
 
     # ----------------------------------------------------------------- construction
     @classmethod
@@ -104,6 +108,12 @@ class DeviceMesh:
         return cls(rank_array.reshape(tuple(sizes.values())), tuple(sizes))
 
     # ----------------------------------------------------------------- queries
+    def _remember(self, key: Any, compute: Any) -> Any:
+        memo = self._memo
+        if key not in memo:
+            memo[key] = compute()
+        return memo[key]
+
     @property
     def world_size(self) -> int:
         return int(self.mesh.size)
@@ -111,7 +121,7 @@ class DeviceMesh:
     @property
     def ranks(self) -> list[int]:
         """All ranks in row-major order."""
-        return [int(r) for r in self.mesh.reshape(-1)]
+        return list(self._remember("ranks", lambda: [int(r) for r in self.mesh.reshape(-1)]))
 
     def dim_size(self, name: str) -> int:
         """Size of dimension `name`, 1 when the mesh has no such dimension."""
@@ -137,14 +147,20 @@ class DeviceMesh:
     @property
     def data_world_size(self) -> int:
         """How many distinct data shards the mesh consumes (dp x fsdp)."""
-        return int(np.prod([self.dim_size(d) for d in DATA_DIMS]))
+        return int(
+            self._remember("dws", lambda: int(np.prod([self.dim_size(d) for d in DATA_DIMS])))
+        )
 
     def data_rank(self, rank: int) -> int:
         """Which data shard `rank` consumes; tp/pp/cp/ep peers share the same data rank."""
-        data_rank = 0
-        for dim in DATA_DIMS:
-            data_rank = data_rank * self.dim_size(dim) + self.coordinate(rank, dim)
-        return data_rank
+
+        def compute() -> int:
+            data_rank = 0
+            for dim in DATA_DIMS:
+                data_rank = data_rank * self.dim_size(dim) + self.coordinate(rank, dim)
+            return data_rank
+
+        return int(self._remember(("data_rank", int(rank)), compute))
 
     def get_slice(self, total: int, data_rank: int) -> slice:
         """The share of `total` items that data shard `data_rank` receives.
@@ -170,6 +186,9 @@ class DeviceMesh:
 
         It is the rank on the last pipeline stage with index 0 on every other non-data dimension.
         """
+        return list(self._remember("collect_ranks", self._collect_ranks))
+
+    def _collect_ranks(self) -> list[int]:
         chosen: dict[int, int] = {}
         for rank in sorted(self._coords):
             if any(

@@ -28,7 +28,7 @@ from .device_mesh import DeviceMesh
 from .errors import ConfigurationError
 from .failures import WorkerFailure
 from .platform import check_device_type
-from .worker import WorkerState, run_method
+from .worker import WorkerState, preserved_rng, run_method
 
 
 class InProcessWorkerGroup(WorkerGroup):
@@ -67,18 +67,19 @@ class InProcessWorkerGroup(WorkerGroup):
         results: list[Any] = []
         failures: list[WorkerFailure] = []
         node = self.placements[0].node if self.placements else None
-        for call in calls:
-            args, kwargs = (call.args, call.kwargs)
-            if self.isolate:
-                args, kwargs = copy.deepcopy((args, kwargs))
-            with self.states[call.rank].activate():
-                ok, value = run_method(
-                    self.instances[call.rank], method, args, kwargs, rank=call.rank, node=node
-                )
-            if not ok:
-                failures.append(value)
-                continue
-            results.append(copy.deepcopy(value) if self.isolate else value)
+        with preserved_rng():  # once per call, not once per worker
+            for call in calls:
+                args, kwargs = (call.args, call.kwargs)
+                if self.isolate:
+                    args, kwargs = copy.deepcopy((args, kwargs))
+                with self.states[call.rank].activate(restore=False):
+                    ok, value = run_method(
+                        self.instances[call.rank], method, args, kwargs, rank=call.rank, node=node
+                    )
+                if not ok:
+                    failures.append(value)
+                    continue
+                results.append(copy.deepcopy(value) if self.isolate else value)
         return CompletedCall(results, failures)
 
 

@@ -26,9 +26,13 @@ class WorkerState:
         self.rng_state = rng_state
 
     @contextlib.contextmanager
-    def activate(self) -> Iterator[WorkerContext]:
-        """Run the block as this worker; the caller's generators are restored afterwards."""
-        outer = get_rng_state()
+    def activate(self, restore: bool = True) -> Iterator[WorkerContext]:
+        """Run the block as this worker; the caller's generators are restored afterwards.
+
+        With `restore=False` the caller saves and restores its own generators once around
+        several activations (see `preserved_rng`), which halves the swapping per worker.
+        """
+        outer = get_rng_state() if restore else None
         if self.rng_state is not None:
             set_rng_state(self.rng_state)
         try:
@@ -36,7 +40,8 @@ class WorkerState:
                 yield ctx
         finally:
             self.rng_state = get_rng_state()
-            set_rng_state(outer)
+            if outer is not None:
+                set_rng_state(outer)
 
     @classmethod
     def construct(
@@ -62,6 +67,16 @@ class WorkerState:
             return instance, cls(context, get_rng_state())
         finally:
             set_rng_state(outer)
+
+
+@contextlib.contextmanager
+def preserved_rng() -> Iterator[None]:
+    """Save the caller's random generators and restore them when the block ends."""
+    outer = get_rng_state()
+    try:
+        yield
+    finally:
+        set_rng_state(outer)
 
 
 def worker_failure(rank: int, exc: BaseException, node: str | None) -> WorkerFailure:
