@@ -1,4 +1,12 @@
-"""The `twinkle` command: `twinkle plugins [--json]`, `twinkle version`."""
+"""The `twinkle` command.
+
+- `twinkle plugins [--json]`: installed plugins and what they register.
+- `twinkle version`: the twinkle-core version.
+- `twinkle doctor [--json] [--ray [ADDRESS]]`: what this machine (and a Ray cluster) offers a
+  run, and what stands in its way, each problem with its fix (see `twinkle_core.doctor`).
+- `twinkle placement FILE [--nproc-per-node N] [--nodes N]`: draw the placement of the groups a
+  TOML or JSON file describes, without a cluster (see `twinkle_core.placement_plan`).
+"""
 
 from __future__ import annotations
 
@@ -24,6 +32,48 @@ def _plugins_text() -> str:
     return "\n".join(lines)
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from .doctor import diagnose, render_text
+
+    report = diagnose(ray_address=args.ray, ray_timeout=args.timeout)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(render_text(report))
+    return 1 if report["problems"] else 0
+
+
+def _placement(args: argparse.Namespace) -> int:
+    from .placement_plan import PlacementFileError, load_plan, render_plan
+
+    try:
+        plan = load_plan(args.file, nproc_per_node=args.nproc_per_node, nodes=args.nodes)
+    except PlacementFileError as exc:
+        count = len(exc.issues)
+        print(
+            f"twinkle placement: {exc.path} cannot be placed "
+            f"({count} problem{'s' if count != 1 else ''}):",
+            file=sys.stderr,
+        )
+        for issue in exc.issues:
+            print(f"{exc.path}:{issue.line}: {issue.message}", file=sys.stderr)
+        return 1
+    print(render_plan(plan))
+    for note in plan.notes:
+        print(f"note: {note}", file=sys.stderr)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="twinkle", description="twinkle: one driver script for torchrun and Ray."
@@ -32,7 +82,56 @@ def main(argv: Sequence[str] | None = None) -> int:
     plugins = sub.add_parser("plugins", help="list installed plugins and what they register")
     plugins.add_argument("--json", action="store_true", help="print the list as JSON")
     sub.add_parser("version", help="print the twinkle-core version")
+    doctor = sub.add_parser(
+        "doctor",
+        help="check this installation (and a Ray cluster) and name the fix for each problem",
+        description="Installed twinkle distributions and plugins, python/torch/ray versions, "
+        "the detected accelerator and torchrun variables; with --ray, the cluster's nodes. "
+        "Exits 1 when something asked for cannot work; each problem is printed with its fix.",
+    )
+    doctor.add_argument("--json", action="store_true", help="print one JSON object")
+    doctor.add_argument(
+        "--ray",
+        nargs="?",
+        const="auto",
+        default=None,
+        metavar="ADDRESS",
+        help="also connect to a running Ray cluster (default address: auto) and list its nodes",
+    )
+    doctor.add_argument(
+        "--timeout",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="give up connecting to the Ray cluster after this long (default 60)",
+    )
+    placement = sub.add_parser(
+        "placement",
+        help="draw the placement of the groups described in a TOML or JSON file",
+        description="Check a groups file with the rules initialize() applies and draw where "
+        "each worker would run, as get_device_placement() does; no cluster needed. A bad file "
+        "exits 1, each problem on its own `FILE:LINE:` line.",
+    )
+    placement.add_argument("file", help="groups file: .toml, or .json")
+    placement.add_argument(
+        "--nproc-per-node",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="devices per node (overrides the file's nproc_per_node)",
+    )
+    placement.add_argument(
+        "--nodes",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="nodes in the cluster (overrides the file's nodes); checks that the groups fit",
+    )
     args = parser.parse_args(argv)
+    if args.command == "doctor":
+        return _doctor(args)
+    if args.command == "placement":
+        return _placement(args)
     if args.command == "plugins":
         if args.json:
             print(json.dumps([i.as_json() for i in plugin_system().plugins()], indent=2))
