@@ -9,7 +9,9 @@ TOOLS="$VENVS/tools"
 NOX="$TOOLS/bin/nox"
 TOOLS_REQUIREMENTS=(nox==2026.10.20 uv==0.13.9)
 
-log() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+log() {
+  if [ -t 1 ]; then printf '\n\033[1m== %s\033[0m\n' "$*"; else printf '\n== %s\n' "$*"; fi
+}
 
 # pip warns about every package that a configured local index folder lacks; nobody running
 # these scripts can act on that, so those lines (only those) are dropped.
