@@ -31,3 +31,26 @@ def test_every_hook_has_a_documented_section_with_an_example():
     assert missing == [], f"hooks without a '### name' section in docs/plugins.md: {missing}"
     no_example = [h for h in hook_names() if "@hookimpl" not in by_name[h]]
     assert no_example == [], f"hook sections without a @hookimpl example: {no_example}"
+
+
+def test_the_serial_backend_example_passes_the_conformance_kit_as_printed(tmp_path, monkeypatch):
+    """The complete third-party backend in docs/plugins.md, run exactly as printed."""
+    import importlib
+
+    from twinkle_core.plugins import plugin_system, reset_plugins
+    from twinkle_core.testing import run_checks
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "plugins.md").read_text()
+    blocks = re.findall(r"```python\n(# my_plugin\.py\n.*?)```", text, flags=re.DOTALL)
+    assert len(blocks) == 1, "docs/plugins.md must hold one `# my_plugin.py` block"
+    (tmp_path / "my_plugin.py").write_text(blocks[0])
+    monkeypatch.syspath_prepend(str(tmp_path))
+    reset_plugins()
+    try:
+        plugin_system().add(importlib.import_module("my_plugin"), name="my_plugin")
+        report = run_checks("serial")
+    finally:
+        reset_plugins()
+    failed = [r for r in report.results if r.outcome != "passed"]
+    assert failed == [], [f"{r.name}: {r.detail}" for r in failed]
+    assert len(report.results) >= 20
