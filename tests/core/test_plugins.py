@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -213,11 +214,26 @@ def test_plugin_allow_list(site, monkeypatch):
     ],
 )
 def test_missing_known_plugin_gives_pip_command(fresh_plugins, monkeypatch, kind, name, pip):
+    """Away from a clone of the repository: the pip command of the published packages."""
+    import twinkle_core.plugins as plugins
+
     monkeypatch.setenv("TWINKLE_DISABLE_PLUGIN_AUTOLOAD", "1")
+    monkeypatch.setattr(plugins, "_source_checkout", lambda: None)
     with pytest.raises(PluginNotFoundError) as info:
         get_plugin(kind, name)
     assert pip in str(info.value)
     assert "installed:" in str(info.value)
+
+
+def test_missing_plugin_in_a_clone_names_the_checkout_installer(fresh_plugins, monkeypatch):
+    """In a clone the packages are not on an index: the error names scripts/install.py."""
+    root = Path(__file__).resolve().parents[2]
+    monkeypatch.setenv("TWINKLE_DISABLE_PLUGIN_AUTOLOAD", "1")
+    monkeypatch.chdir(root / "docs")
+    with pytest.raises(PluginNotFoundError) as info:
+        get_plugin("backends", "ray")
+    expected = f'python {root / "scripts" / "install.py"} "twinkle-core[ray]"'
+    assert expected in str(info.value)
 
 
 def test_initialize_ray_without_the_backend(fresh_plugins, monkeypatch):

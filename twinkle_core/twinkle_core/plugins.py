@@ -15,6 +15,7 @@ import threading
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pluggy
@@ -331,7 +332,7 @@ class PluginSystem:
         provider = KNOWN_PROVIDERS.get((kind, name))
         if provider:
             dist, extra = provider
-            msg += f' Install it with: pip install "twinkle-core[{extra}]"  (provides {dist})'
+            msg += f" Install it with: {install_command(extra)}  (provides {dist})"
         else:
             msg += (
                 f" Install the plugin distribution that provides it, or register it with a "
@@ -380,6 +381,33 @@ def _conflict(kind: str, name: str, regs: list[Registration]) -> str | None:
 
 _system: PluginSystem | None = None
 _system_lock = threading.Lock()
+
+
+def _source_checkout() -> Path | None:
+    """The twinkle repository this process runs from, if any (where `pip install
+    "twinkle-core[...]"` cannot find the unpublished plugin packages)."""
+    starts = [Path.cwd(), Path(__file__).resolve().parent]
+    for start in starts:
+        for folder in (start, *start.parents):
+            if (folder / "scripts" / "install.py").is_file() and (
+                folder / "twinkle_ray" / "pyproject.toml"
+            ).is_file():
+                return folder
+    return None
+
+
+def install_command(extra: str) -> str:
+    """A command that installs twinkle-core with `extra` where this process runs: the
+    checkout's installer from a clone of the repository, else pip."""
+    root = _source_checkout()
+    if root is not None:
+        script = root / "scripts" / "install.py"
+        try:
+            shown = script.relative_to(Path.cwd())
+        except ValueError:
+            shown = script
+        return f'python {shown} "twinkle-core[{extra}]"'
+    return f'pip install "twinkle-core[{extra}]"'
 
 
 def _is_hookspec(name: str) -> bool:
