@@ -29,6 +29,8 @@ import re
 import socket
 import subprocess
 import sys
+import threading
+import time
 from typing import Any
 
 from packaging.utils import canonicalize_name
@@ -59,7 +61,17 @@ TORCHRUN_VARS = (
 )
 
 #: Other variables shown with their values (unless their names look like secrets).
-SHOWN_ENV = ("TWINKLE_*", "RAY_ADDRESS", "*_VISIBLE_DEVICES", "OMP_NUM_THREADS")
+SHOWN_ENV = (
+    "TWINKLE_*",
+    "RAY_ADDRESS",
+    "RAY_AUTH_MODE",
+    "RAY_AUTH_TOKEN*",
+    "*_VISIBLE_DEVICES",
+    "OMP_NUM_THREADS",
+)
+
+#: Shown although their names look like secrets: they hold none.
+NOT_SECRET = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH")
 
 #: Names whose values are never printed (case-insensitive), besides plugins' declared secrets.
 SECRET_NAMES = (
@@ -257,7 +269,8 @@ def environment_report(
     hidden = sorted(
         n
         for n in env
-        if (_matches(n, declared) or (_matches(n, SHOWN_ENV) and _matches(n, SECRET_NAMES)))
+        if _matches(n, declared)
+        or (_matches(n, SHOWN_ENV) and _matches(n, SECRET_NAMES) and not _matches(n, NOT_SECRET))
     )
     torchrun = {n: env[n] for n in TORCHRUN_VARS if n in env and n not in hidden}
     shown = {
@@ -336,6 +349,65 @@ def _unreachable(address: str, timeout: float) -> str | None:
         return f"{type(exc).__name__}: {exc}"
 
 
+#: What Ray's C++ client logs while a cluster refuses it for want of the right token.
+_AUTH_FAILURE = ("InvalidAuthToken", "Unauthenticated")
+
+
+def _run_probe(address: str, timeout: float) -> dict[str, Any]:
+    """Run `_RAY_PROBE` in a child; its result, or `{"error": ...}` (with `auth`/`timeout`).
+
+    Ray keeps retrying a cluster that refuses its token; the child is stopped as soon as its
+    log says so, and in any case after `timeout` seconds.
+    """
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _RAY_PROBE, address],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    out: list[str] = []
+    err: list[str] = []
+    refused = threading.Event()
+
+    def pump(stream: Any, into: list[str], watch: bool) -> None:
+        for line in stream:
+            into.append(line)
+            if watch and any(marker in line for marker in _AUTH_FAILURE):
+                refused.set()
+
+    pumps = [
+        threading.Thread(target=pump, args=(proc.stdout, out, False), daemon=True),
+        threading.Thread(target=pump, args=(proc.stderr, err, True), daemon=True),
+    ]
+    for t in pumps:
+        t.start()
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None and not refused.is_set() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    stopped = proc.poll() is None
+    if stopped:
+        proc.kill()
+    proc.wait()
+    for t in pumps:
+        t.join(timeout=5)
+    if refused.is_set():
+        return {
+            "error": "the cluster refused the connection: authentication token missing or "
+            "incorrect",
+            "auth": True,
+        }
+    if stopped:
+        return {"error": f"no answer within {timeout:g}s", "timeout": True}
+    for line in out:
+        if line.startswith(_MARK):
+            return dict(json.loads(line[len(_MARK) :]))
+    tail = ("".join(err).strip().splitlines() or ["(no output)"])[-1]
+    return {"error": f"the Ray probe exited with status {proc.returncode}: {tail}"}
+
+
 def ray_cluster_report(address: str, timeout: float, problems: list[dict[str, str]]) -> Any:
     """Connect to the running cluster at `address`, list its nodes, disconnect."""
     fix_address = (
@@ -362,40 +434,25 @@ def ray_cluster_report(address: str, timeout: float, problems: list[dict[str, st
     if why is not None:
         problems.append(_problem(f"cannot reach the Ray cluster at {address}: {why}", fix_address))
         return {"address": address, "error": why, "nodes": []}
-    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
-    try:
-        proc = subprocess.run(
-            [sys.executable, "-c", _RAY_PROBE, address],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            env=env,
-            stdin=subprocess.DEVNULL,
-        )
-    except subprocess.TimeoutExpired:
-        why = f"no answer within {timeout:g}s"
-        problems.append(
-            _problem(
-                f"cannot connect to the Ray cluster at {address}: {why}",
-                f"check the address and that this machine can reach the head node; "
-                f"{fix_address}; or wait longer with --timeout",
-            )
-        )
-        return {"address": address, "error": why, "nodes": []}
-    result: dict[str, Any] | None = None
-    for line in proc.stdout.splitlines():
-        if line.startswith(_MARK):
-            result = json.loads(line[len(_MARK) :])
-    if result is None:
-        tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
-        result = {"error": f"the Ray probe exited with status {proc.returncode}: {tail}"}
+    result = _run_probe(address, timeout)
     if "error" in result:
-        problems.append(
-            _problem(
-                f"cannot connect to the Ray cluster at {address}: {result['error']}",
-                f"{fix_address}; the cluster and this machine need the same Ray and Python "
-                "versions",
+        if result.get("auth"):
+            fix = (
+                "the cluster uses Ray token authentication: set RAY_AUTH_MODE=token and give "
+                "this machine the cluster's token (RAY_AUTH_TOKEN, or the file "
+                "~/.ray/auth_token; `ray get-auth-token` on the head node prints it)"
             )
+        elif result.get("timeout"):
+            fix = (
+                f"check the address and that this machine can reach the head node; "
+                f"{fix_address}; or wait longer with --timeout"
+            )
+        else:
+            fix = (
+                f"{fix_address}; the cluster and this machine need the same Ray and Python versions"
+            )
+        problems.append(
+            _problem(f"cannot connect to the Ray cluster at {address}: {result['error']}", fix)
         )
         return {"address": address, "error": result["error"], "nodes": []}
     accelerators = _accelerator_resources()

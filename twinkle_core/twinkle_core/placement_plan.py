@@ -557,8 +557,8 @@ def _node_fit(
                 PlanIssue(
                     lines.key(index, "ranks"),
                     f"group {group.name!r} uses {group.device_type} device ranks up to {top}, "
-                    f"which needs {top // npn + 1} node(s) of {npn} devices, but the {nodes} node(s) "
-                    f"hold ranks 0-{nodes * npn - 1}; use fewer ranks, or more nodes",
+                    f"which needs {top // npn + 1} node(s) of {npn} devices, but the {nodes} "
+                    f"node(s) hold ranks 0-{nodes * npn - 1}; use fewer ranks, or more nodes",
                     (group.name,),
                 )
             )

@@ -1,0 +1,623 @@
+"""`twinkle placement FILE`: a groups file drawn like `get_device_placement()`, or every problem
+with the line to fix. Direct calls for the cases, real `twinkle` processes for the command."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import tomllib
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from twinkle_core import (
+    DeviceGroup,
+    DeviceMesh,
+    get_device_placement,
+    initialize,
+    remote_class,
+    remote_function,
+)
+from twinkle_core.cli import main as cli_main
+from twinkle_core.placement_plan import PlacementFileError, load_plan, render_plan
+
+EXAMPLE = """\
+nproc_per_node = 8
+[[groups]]
+name = "model"
+ranks = [0, 1, 2, 3]
+device_type = "cuda"
+[[groups]]
+name = "processor"
+ranks = 4
+device_type = "cpu"
+"""
+
+EXAMPLE_DRAWING = """\
+┌──────────────────────────────────────────────────────────┐
+│ twinkle placement groups.toml  nproc_per_node 8  nodes 1 │
+├──────────────────────────────────────────────────────────┤
+│ group model  cuda  ranks 0-3  workers 4                  │
+│   rank 0   node node0  device cuda:0                     │
+│   rank 1   node node0  device cuda:1                     │
+│   rank 2   node node0  device cuda:2                     │
+│   rank 3   node node0  device cuda:3                     │
+│                                                          │
+│ group processor  cpu  ranks 0-3  workers 4               │
+│   (cpu workers: the backend picks their nodes)           │
+│   rank 0   node -  device cpu                            │
+│   rank 1   node -  device cpu                            │
+│   rank 2   node -  device cpu                            │
+│   rank 3   node -  device cpu                            │
+└──────────────────────────────────────────────────────────┘"""
+
+
+def twinkle(*args: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run the installed `twinkle` console script (or `python -m twinkle_core.cli`)."""
+    script = Path(sys.executable).parent / "twinkle"
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "twinkle_core.cli"]
+    return subprocess.run(
+        [*command, *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=cwd,
+        env=env if env is not None else dict(os.environ),
+    )
+
+
+def write(tmp_path: Path, name: str, text: str) -> str:
+    (tmp_path / name).write_text(textwrap.dedent(text))
+    return name
+
+
+def problems(tmp_path: Path, name: str, capsys, *args: str) -> list[tuple[int, str]]:
+    """Run `twinkle placement` in-process; assert it fails; (line, message) per problem."""
+    os.chdir(tmp_path)
+    assert cli_main(["placement", name, *args]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith(f"twinkle placement: {name} cannot be placed")
+    out = []
+    for line in err[1:]:
+        assert line.startswith(f"{name}:"), line
+        _, number, message = line.split(":", 2)
+        out.append((int(number), message.strip()))
+    return out
+
+
+@pytest.fixture(autouse=True)
+def _keep_cwd():
+    cwd = os.getcwd()
+    yield
+    os.chdir(cwd)
+
+
+# --------------------------------------------------------------------------- good files
+def test_console_script_draws_the_example(tmp_path):
+    write(tmp_path, "groups.toml", EXAMPLE)
+    result = twinkle("placement", "groups.toml", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.rstrip("\n") == EXAMPLE_DRAWING
+
+
+def test_python_dash_m_with_nproc_per_node_from_the_command_line(tmp_path):
+    write(tmp_path, "g.toml", EXAMPLE.replace("nproc_per_node = 8\n", ""))
+    result = subprocess.run(
+        [sys.executable, "-m", "twinkle_core.cli", "placement", "g.toml", "--nproc-per-node", "2"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "nproc_per_node 2  nodes 2" in result.stdout
+    assert "rank 2   node node1  device cuda:0" in result.stdout
+    assert "rank 3   node node1  device cuda:1" in result.stdout
+
+
+def test_json_file_draws_the_same(tmp_path):
+    data = {
+        "nproc_per_node": 8,
+        "groups": [
+            {"name": "model", "ranks": [0, 1, 2, 3], "device_type": "cuda"},
+            {"name": "processor", "ranks": 4, "device_type": "cpu"},
+        ],
+    }
+    (tmp_path / "groups.json").write_text(json.dumps(data, indent=2))
+    drawing = render_plan(load_plan(tmp_path / "groups.json"))
+    (tmp_path / "groups.toml").write_text(EXAMPLE)
+    same = render_plan(load_plan(tmp_path / "groups.toml"))
+    assert drawing.replace("groups.json", "groups.toml") == same
+
+
+def test_flag_overrides_file_and_multi_device_workers(tmp_path):
+    write(
+        tmp_path,
+        "g.toml",
+        """\
+        nproc_per_node = 8
+        nodes = 2
+        [[groups]]
+        name = "sampler"
+        ranks = [4, 5, 6, 7, 8, 9, 10, 11]
+        device_type = "cuda"
+        gpus_per_worker = 2
+        [[groups]]
+        name = "pinned"
+        ranks = [0, 1]
+        device_type = "cuda"
+        visible_devices = [3, 2]
+        """,
+    )
+    plan = load_plan(tmp_path / "g.toml")
+    assert plan.nodes == 2
+    text = render_plan(plan)
+    assert "group sampler  cuda  ranks 4-11  workers 4  2 per worker" in text
+    assert "rank 1   node node0  device cuda:6,7  device ranks 6,7" in text
+    assert "rank 2   node node1  device cuda:0,1  device ranks 8,9" in text
+    assert "rank 0   node node0  device cuda:3" in text
+    assert "rank 1   node node0  device cuda:2" in text
+    assert [w.node for w in plan.workers["sampler"]] == ["node0", "node0", "node1", "node1"]
+
+
+def test_inline_groups_and_aliases(tmp_path):
+    write(
+        tmp_path,
+        "g.toml",
+        """\
+        nproc_per_node = 4
+        groups = [
+          { name = "a", ranks = [0, 1], device_type = "GPU" },
+          { name = "b", ranks = 2 },
+        ]
+        """,
+    )
+    plan = load_plan(tmp_path / "g.toml")
+    assert [(g.name, g.device_type) for g in plan.groups] == [("a", "cuda"), ("b", "cpu")]
+
+
+def _drawing_before_the_refactor() -> str:
+    """`get_device_placement()` as it was written before it shared its renderer (verbatim)."""
+    from twinkle_core.runtime import current_runtime
+
+    def _ranks(ranks):
+        if ranks and list(ranks) == list(range(ranks[0], ranks[0] + len(ranks))) and len(ranks) > 2:
+            return f"{ranks[0]}-{ranks[-1]}"
+        return ",".join(str(r) for r in ranks)
+
+    runtime = current_runtime()
+    cfg = runtime.config
+    header = [f"twinkle run {cfg.name}", f"mode {cfg.mode}"]
+    for key, value in runtime.backend.describe().items():
+        header.append(f"{key} {value}")
+    lines: list[str] = ["  ".join(header)]
+    for group in cfg.groups.values():
+        lines.append("")
+        per = f"  {group.gpus_per_worker} per worker" if group.gpus_per_worker > 1 else ""
+        lines.append(
+            f"group {group.name}  {group.device_type}  ranks {_ranks(group.rank_list)}  "
+            f"workers {group.num_workers}{per}"
+        )
+        bound = [b for b in runtime.bound if b.workers.group.name == group.name]
+        if not bound:
+            lines.append("  (no remote class placed yet)")
+        for b in bound:
+            mesh = b.workers.device_mesh
+            lines.append(f"  class {b.class_name}  mesh {mesh.describe()}")
+            for p in b.workers.placements:
+                devices = (
+                    f"{p.device_type}:{','.join(str(d) for d in p.devices)}"
+                    if p.devices and p.device_type != "cpu"
+                    else p.device_type
+                )
+                node = p.node or "-"
+                lines.append(
+                    f"    rank {p.rank:<3} node {node}  device {devices}  "
+                    f"data rank {mesh.data_rank(p.rank) if p.rank in mesh.ranks else '-'}"
+                )
+    width = max(len(line) for line in lines)
+    top = "┌" + "─" * (width + 2) + "┐"
+    sep = "├" + "─" * (width + 2) + "┤"
+    bottom = "└" + "─" * (width + 2) + "┘"
+    body = [top, f"│ {lines[0].ljust(width)} │", sep]
+    body += [f"│ {line.ljust(width)} │" for line in lines[2:]] if len(lines) > 1 else []
+    body.append(bottom)
+    return "\n".join(body)
+
+
+def test_the_live_placement_drawing_is_unchanged():
+    """`get_device_placement()` now shares the renderer: its output is byte-for-byte the same."""
+
+    @remote_class(execute="all")
+    class Scorer:
+        def __init__(self, scale, device_mesh=None):
+            self.scale = scale
+
+        @remote_function()
+        def f(self):
+            return 1
+
+    initialize(
+        mode="inprocess",
+        name="snap",
+        groups=[
+            DeviceGroup("scorers", 4, "cpu"),
+            DeviceGroup("big", 6, "cpu", gpus_per_worker=2),
+            DeviceGroup("empty", [0, 2], "cpu"),
+        ],
+    )
+    assert get_device_placement() == _drawing_before_the_refactor()
+    Scorer(2.0, device_mesh=DeviceMesh.from_sizes(dp_size=2, tp_size=2), remote_group="scorers")
+    Scorer(2.0, remote_group="big")
+    text = get_device_placement()
+    assert text == _drawing_before_the_refactor()
+    assert "│ group big  cpu  ranks 0-5  workers 3  2 per worker" in text
+    assert "│     rank 3   node " in text and "data rank 1" in text
+
+
+# --------------------------------------------------------------------------- bad files
+def test_rank_in_two_accelerator_groups_toml(tmp_path, capsys):
+    name = write(
+        tmp_path,
+        "g.toml",
+        """\
+        nproc_per_node = 8
+
+        [[groups]]
+        name = "model"
+        ranks = [0, 1, 2, 3]
+        device_type = "cuda"
+
+        [[groups]]
+        name = "sampler"
+        device_type = "cuda"
+        # shares two devices with the model
+        ranks = [2, 3, 4]
+        """,
+    )
+    [(line, message)] = problems(tmp_path, name, capsys)
+    assert line == 12
+    assert "'model' (line 5)" in message and "'sampler'" in message
+    assert "cuda device rank(s) 2,3" in message
+
+
+def test_rank_in_two_accelerator_groups_json(tmp_path, capsys):
+    name = write(
+        tmp_path,
+        "g.json",
+        """\
+        {
+          "nproc_per_node": 8,
+          "groups": [
+            {"name": "model", "ranks": [0, 1], "device_type": "cuda"},
+            {"name": "sampler",
+             "device_type": "cuda",
+             "ranks": [1, 2]}
+          ]
+        }
+        """,
+    )
+    [(line, message)] = problems(tmp_path, name, capsys)
+    assert line == 7
+    assert "'model' (line 4)" in message and "'sampler'" in message
+
+
+def test_same_ranks_on_different_device_types_are_fine(tmp_path):
+    write(
+        tmp_path,
+        "g.toml",
+        """\
+        nproc_per_node = 8
+        [[groups]]
+        name = "a"
+        ranks = [0, 1]
+        device_type = "cuda"
+        [[groups]]
+        name = "b"
+        ranks = [0, 1]
+        device_type = "npu"
+        """,
+    )
+    assert len(load_plan(tmp_path / "g.toml").groups) == 2
+
+
+def test_cpu_group_given_a_list(tmp_path, capsys):
+    name = write(
+        tmp_path,
+        "g.toml",
+        """\
+        nproc_per_node = 8
+        [[groups]]
+        name = "model"
+        ranks = [0, 1]
+        device_type = "cuda"
+        [[groups]]
+        name = "processor"
+        device_type = "cpu"
+        ranks = [4, 5]
+        """,
+    )
+    [(line, message)] = problems(tmp_path, name, capsys)
+    assert line == 9
+    assert "'processor'" in message and "ranks = 2" in message
+
+
+def test_group_larger_than_the_nodes(tmp_path, capsys):
+    name = write(
+        tmp_path,
+        "g.toml",
+        """\
+        nproc_per_node = 4
+        nodes = 1
+        [[groups]]
+        name = "model"
+        ranks = [0, 1, 2, 3, 4, 5]
+        device_type = "cuda"
+        """,
+    )
+    [(line, message)] = problems(tmp_path, name, capsys)
+    assert line == 5
+    assert "'model'" in message and "up to 5" in message and "needs 2 node(s)" in message
+    # Without `nodes` the same file fits on two nodes; --nodes on the command line checks it.
+    write(tmp_path, "h.toml", (tmp_path / "g.toml").read_text().replace("nodes = 1\n", ""))
+    assert len(load_plan(tmp_path / "h.toml").groups) == 1
+    [(line, _)] = problems(tmp_path, "h.toml", capsys, "--nodes", "1")
+    assert line == 4
+
+
+def test_worker_spanning_two_nodes(tmp_path, capsys):
+    name = write(
+        tmp_path,
+        "g.toml",
+        """\
+        nproc_per_node = 4
+        [[groups]]
+        name = "wide"
+        ranks = [2, 3, 4, 5, 6, 7]
+        device_type = "cuda"
+        gpus_per_worker = 3
+        """,
+    )
+    [(line, message)] = problems(tmp_path, name, capsys)
+    assert line == 6
+    assert "'wide'" in message and "span nodes 0, 1" in message
+
+
+def test_unknown_device_type(tmp_path, capsys):
+    name = write(
+        tmp_path,
+        "g.toml",
+        """\
+        nproc_per_node = 8
+        [[groups]]
+        name = "model"
+        ranks = [0, 1]
+        device_type = "tpu"
+        """,
+    )
+    [(line, message)] = problems(tmp_path, name, capsys)
+    assert line == 5
+    assert "'model'" in message and "unknown device type 'tpu'" in message
+    assert "known: cpu, cuda, mps, npu" in message
+
+
+@pytest.mark.parametrize(
+    ("missing", "expected_line"),
+    [("name", 6), ("ranks", 6)],
+)
+def test_missing_key_points_at_its_group(tmp_path, capsys, missing, expected_line):
+    text = textwrap.dedent(
+        """\
+        nproc_per_node = 8
+        [[groups]]
+        name = "model"
+        ranks = [0, 1]
+        device_type = "cuda"
+        [[groups]]
+        name = "sampler"
+        ranks = [2, 3]
+        device_type = "cuda"
+        """
+    )
+    lines = text.splitlines(keepends=True)
+    del lines[6 if missing == "name" else 7]
+    name = write(tmp_path, "g.toml", "".join(lines))
+    [(line, message)] = problems(tmp_path, name, capsys)
+    assert line == expected_line
+    assert f"missing key {missing!r}" in message
+    if missing == "ranks":
+        assert "'sampler'" in message
+
+
+def test_misspelt_key(tmp_path, capsys):
+    name = write(
+        tmp_path,
+        "g.toml",
+        """\
+        nproc_per_node = 8
+        [[groups]]
+        name = "model"
+        rank = [0, 1]
+        device_type = "cuda"
+        """,
+    )
+    found = problems(tmp_path, name, capsys)
+    assert found[0][0] == 2 and "missing key 'ranks'" in found[0][1]
+    assert found[1][0] == 4 and "unknown key 'rank'" in found[1][1]
+
+
+def test_missing_nproc_per_node(tmp_path, capsys):
+    name = write(tmp_path, "g.toml", EXAMPLE.replace("nproc_per_node = 8\n", ""))
+    [(line, message)] = problems(tmp_path, name, capsys)
+    assert line == 1 and "--nproc-per-node" in message
+
+
+def test_device_group_rules_apply_with_their_line(tmp_path, capsys):
+    """The checks DeviceGroup makes at initialize() come back on the key they are about."""
+    name = write(
+        tmp_path,
+        "g.toml",
+        """\
+        nproc_per_node = 8
+        [[groups]]
+        name = "dup"
+        ranks = [0, 1, 1]
+        device_type = "cuda"
+        [[groups]]
+        name = "odd"
+        ranks = [2, 3, 4]
+        device_type = "cuda"
+        gpus_per_worker = 2
+        [[groups]]
+        name = "vis"
+        ranks = [5, 6]
+        visible_devices = [0]
+        device_type = "cuda"
+        """,
+    )
+    found = problems(tmp_path, name, capsys)
+    assert [line for line, _ in found] == [4, 10, 14]
+    assert "'dup'" in found[0][1] and "duplicates" in found[0][1]
+    assert "'odd'" in found[1][1] and "gpus_per_worker=2" in found[1][1]
+    assert "'vis'" in found[2][1] and "visible_devices" in found[2][1]
+
+
+def test_repeated_group_name_and_shared_visible_device(tmp_path, capsys):
+    name = write(
+        tmp_path,
+        "g.json",
+        """\
+        {"nproc_per_node": 4,
+         "groups": [
+          {"name": "a", "ranks": [0, 1], "device_type": "cuda",
+           "visible_devices": [
+             2,
+             2]},
+          {"name": "a", "ranks": 1}
+         ]}
+        """,
+    )
+    found = problems(tmp_path, name, capsys)
+    assert found[0][0] == 6 and "already used by device rank 0" in found[0][1]
+    assert found[1][0] == 7 and "repeats (first at line 3)" in found[1][1]
+
+
+def test_toml_syntax_error_names_its_line(tmp_path):
+    write(
+        tmp_path,
+        "g.toml",
+        """\
+        nproc_per_node = 8
+        [[groups]]
+        name = "model"
+        ranks = [0, 1,, 2]
+        """,
+    )
+    result = twinkle("placement", "g.toml", cwd=tmp_path)
+    assert result.returncode == 1
+    assert result.stdout == ""
+    assert "g.toml:4: TOML syntax error" in result.stderr
+
+
+def test_toml_unclosed_at_end_of_file(tmp_path, capsys):
+    name = write(tmp_path, "g.toml", 'nproc_per_node = 8\n[[groups]]\nname = "a"\nranks = [0, 1\n')
+    [(line, message)] = problems(tmp_path, name, capsys)
+    assert line == 4 and "end of the file" in message
+
+
+def test_json_syntax_error_names_its_line(tmp_path):
+    write(
+        tmp_path,
+        "g.json",
+        """\
+        {
+          "nproc_per_node": 8,
+          "groups": [
+            {"name": "model", "ranks": [0, 1] "device_type": "cuda"}
+          ]
+        }
+        """,
+    )
+    result = twinkle("placement", "g.json", cwd=tmp_path)
+    assert result.returncode == 1
+    assert "g.json:4: JSON syntax error: Expecting ',' delimiter" in result.stderr
+
+
+def test_missing_file_and_bad_flag(tmp_path, capsys):
+    os.chdir(tmp_path)
+    assert cli_main(["placement", "nope.toml"]) == 1
+    assert "cannot read the file" in capsys.readouterr().err
+    write(tmp_path, "g.toml", EXAMPLE)
+    with pytest.raises(SystemExit) as exc:
+        cli_main(["placement", "g.toml", "--nproc-per-node", "0"])
+    assert exc.value.code == 2
+
+
+def test_placement_file_error_is_a_configuration_error(tmp_path):
+    write(tmp_path, "g.toml", "groups = 3\n")
+    with pytest.raises(PlacementFileError) as exc:
+        load_plan(tmp_path / "g.toml")
+    assert isinstance(exc.value, ValueError)
+    assert [i.line for i in exc.value.issues] == [1]
+
+
+# --------------------------------------------------------------------------- line numbers
+@st.composite
+def layouts(draw):
+    """Groups in shuffled key order with comments and blank lines, one of them a CPU group
+    wrongly given a list; returns (text, the line of that group's `ranks`)."""
+    n = draw(st.integers(1, 4))
+    bad = draw(st.integers(0, n - 1))
+    out = ["nproc_per_node = 8"]
+    target = 0
+    for i in range(n):
+        for _ in range(draw(st.integers(0, 2))):
+            out.append(draw(st.sampled_from(["", "# a comment", "   "])))
+        out.append("[[groups]]")
+        keys = {
+            "name": f'"g{i}"',
+            "ranks": "[0, 1]" if i == bad else str(i + 1),
+            "device_type": '"cpu"',
+        }
+        for key in draw(st.permutations(list(keys))):
+            for _ in range(draw(st.integers(0, 1))):
+                out.append("# between keys")
+            out.append(f"{key} = {keys[key]}")
+            if i == bad and key == "ranks":
+                target = len(out)
+    return "\n".join(out) + "\n", target
+
+
+@settings(max_examples=40, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(layouts())
+def test_line_numbers_follow_the_source(tmp_path, layout):
+    text, target = layout
+    path = tmp_path / "g.toml"
+    path.write_text(text)
+    with pytest.raises(PlacementFileError) as exc:
+        load_plan(path)
+    assert [i.line for i in exc.value.issues] == [target], text
+    path = tmp_path / "g.json"
+    # The same layout as JSON, one key per line: the error is on the `ranks` line there too.
+    groups = tomllib.loads(text)["groups"]
+    rows = ['{"nproc_per_node": 8, "groups": [']
+    json_target = 0
+    for group in groups:
+        rows.append("{")
+        for j, (key, value) in enumerate(group.items()):
+            comma = "," if j < len(group) - 1 else ""
+            rows.append(f"{json.dumps(key)}: {json.dumps(value)}{comma}")
+            if key == "ranks" and isinstance(value, list):
+                json_target = len(rows)
+        rows.append("},")
+    rows[-1] = "}"
+    rows.append("]}")
+    path.write_text("\n".join(rows))
+    with pytest.raises(PlacementFileError) as exc:
+        load_plan(path)
+    assert [i.line for i in exc.value.issues] == [json_target]
