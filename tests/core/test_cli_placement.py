@@ -165,14 +165,14 @@ def test_flag_overrides_file_and_multi_device_workers(tmp_path):
     assert [w.node for w in plan.workers["sampler"]] == ["node0", "node0", "node1", "node1"]
 
 
-def test_inline_groups_and_aliases(tmp_path):
+def test_inline_groups_and_upper_case(tmp_path):
     write(
         tmp_path,
         "g.toml",
         """\
         nproc_per_node = 4
         groups = [
-          { name = "a", ranks = [0, 1], device_type = "GPU" },
+          { name = "a", ranks = [0, 1], device_type = "CUDA" },
           { name = "b", ranks = 2 },
         ]
         """,
