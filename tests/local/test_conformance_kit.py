@@ -45,7 +45,7 @@ def test_two_ranks_pass_every_check_that_fits(tmp_path):
     assert run.passed >= 20 and run.failed == 0 and run.errors == 0, run.output
     assert sorted(run.not_applicable_checks) == FOUR_RANK_CHECKS, run.output
     assert run.passed + run.not_applicable == len(conformance_checks())
-    assert run.output.splitlines()[-1] == f"{run.passed} passed, 0 failed, 2 not applicable"
+    assert f"{run.passed} passed, 0 failed, 2 not applicable" in run.output.splitlines()
 
 
 @pytest.mark.timeout(400)
@@ -60,4 +60,4 @@ def test_four_ranks_run_the_dp2_tp2_checks(tmp_path):
         timeout=300,
     )
     assert run.returncode == 0, run.output
-    assert run.output.splitlines()[-1] == "2 passed, 0 failed", run.output
+    assert "2 passed, 0 failed" in run.output.splitlines(), run.output

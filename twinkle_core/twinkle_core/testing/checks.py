@@ -83,7 +83,9 @@ class Probe:
     """Reports what each worker received; one method per dispatch/execute/collect setting."""
 
     def __init__(self) -> None:
-        self.runs = 0
+        # One counter per method whose runs a check counts: each check runs once per session.
+        self.first_only_runs = 0
+        self.one_share_runs = 0
 
     @remote_function(dispatch="all", collect="none")
     def all_args(self, items, scale, name=None):
@@ -111,7 +113,7 @@ class Probe:
 
     @remote_function(dispatch=one_share_dispatch, collect="none")
     def one_share(self, x):
-        self.runs += 1
+        self.one_share_runs += 1
         return x
 
     @remote_function(dispatch="all", collect="none")
@@ -121,12 +123,12 @@ class Probe:
 
     @remote_function(dispatch="all", execute="first", collect="none")
     def first_only(self, x):
-        self.runs += 1
+        self.first_only_runs += 1
         return [_rank(), x]
 
     @remote_function(dispatch="all", collect="none")
-    def run_count(self):
-        return self.runs
+    def run_counts(self):
+        return {"first_only": self.first_only_runs, "one_share": self.one_share_runs}
 
     @remote_function(dispatch="all", collect="none")
     def record(self):
@@ -415,7 +417,7 @@ def check_dispatch_callable(run: Session) -> None:
 
 
 def check_dispatch_wrong_share_count(run: Session) -> None:
-    probe = Probe(remote_group="two")  # fresh: the check counts its runs
+    probe = run.shared(Probe, "two")
     exc = expect_raises(
         "a dispatcher returning 1 share for 2 workers",
         lambda: probe.one_share(5)(),
@@ -426,7 +428,11 @@ def check_dispatch_wrong_share_count(run: Session) -> None:
         "1 entries for 2 workers" in str(exc),
         str(exc),
     )
-    expect("run_count() after the rejected call", probe.run_count()(), [0, 0])
+    expect(
+        "each worker's one_share runs after the rejected call",
+        [counts["one_share"] for counts in probe.run_counts()()],
+        [0, 0],
+    )
 
 
 def check_execute_all(run: Session) -> None:
@@ -439,9 +445,13 @@ def check_execute_all(run: Session) -> None:
 
 
 def check_execute_first_collect_none(run: Session) -> None:
-    probe = Probe(remote_group="two")  # fresh: the check counts its runs
+    probe = run.shared(Probe, "two")
     expect("first_only(5) with execute='first', collect='none'", probe.first_only(5)(), [[0, 5]])
-    expect("run_count() of each worker after first_only", probe.run_count()(), [1, 0])
+    expect(
+        "each worker's first_only runs after one call",
+        [counts["first_only"] for counts in probe.run_counts()()],
+        [1, 0],
+    )
 
 
 def check_execute_peer(run: Session) -> None:

@@ -304,7 +304,10 @@ def _read_reports(report_dir: Path) -> list[RankReport]:
                 report.done = True
             elif "name" in record:
                 report.results[record["name"]] = CheckResult(
-                    record["name"], record["outcome"], record.get("detail", "")
+                    record["name"],
+                    record["outcome"],
+                    record.get("detail", ""),
+                    float(record.get("seconds", 0.0)),
                 )
         reports.append(report)
     return reports
@@ -350,8 +353,9 @@ def _agree(
     if not outcomes:
         return CheckResult(name, FAILED, "no rank reported an outcome")
     kinds = {o.outcome if o is not None else None for o in outcomes.values()}
+    seconds = max((o.seconds for o in outcomes.values() if o is not None), default=0.0)
     if kinds == {PASSED}:
-        return CheckResult(name, PASSED)
+        return CheckResult(name, PASSED, seconds=seconds)
     if kinds == {NOT_APPLICABLE}:
         return CheckResult(name, NOT_APPLICABLE, next(iter(outcomes.values())).detail)  # type: ignore[union-attr]
     details = {o.detail for o in outcomes.values() if o is not None and o.outcome == FAILED}

@@ -8,6 +8,7 @@ shuts the run down, so one failing check never changes the next one's outcome.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,9 +61,16 @@ class CheckResult:
     name: str
     outcome: str
     detail: str = ""
+    #: Wall-clock time the check took, its session's start included when it started one.
+    seconds: float = 0.0
 
-    def as_json(self) -> dict[str, str]:
-        return {"name": self.name, "outcome": self.outcome, "detail": self.detail}
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "outcome": self.outcome,
+            "detail": self.detail,
+            "seconds": round(self.seconds, 3),
+        }
 
 
 @dataclass
@@ -110,7 +118,7 @@ class ConformanceReport:
             elif r.outcome == NOT_APPLICABLE:
                 out.append(f"NOT APPLICABLE {r.name}: {r.detail}")
             elif verbose:
-                out.append(f"PASSED {r.name}")
+                out.append(f"PASSED {r.name} ({r.seconds:.2f}s)")
         out += [f"ERROR {e}" for e in self.errors]
         out.append(self.summary_line())
         return out
@@ -257,18 +265,21 @@ def not_applicable(check: Check, world_size: int | None) -> CheckResult | None:
 
 
 def _run_in(session: Session, check: Check) -> CheckResult:
-    if not session.started:
-        try:
-            session.start()
-        except Exception as exc:
-            return CheckResult(check.name, FAILED, f"initialize failed: {_describe(exc)}")
+    started = time.monotonic()
+    outcome, detail = PASSED, ""
     try:
-        check.body(session)
+        if not session.started:
+            try:
+                session.start()
+            except Exception as exc:
+                outcome, detail = FAILED, f"initialize failed: {_describe(exc)}"
+        if outcome == PASSED:
+            check.body(session)
     except CheckFailed as exc:
-        return CheckResult(check.name, FAILED, " ".join(str(exc).split()))
+        outcome, detail = FAILED, " ".join(str(exc).split())
     except Exception as exc:
-        return CheckResult(check.name, FAILED, f"raised {_describe(exc)}")
-    return CheckResult(check.name, PASSED)
+        outcome, detail = FAILED, f"raised {_describe(exc)}"
+    return CheckResult(check.name, outcome, detail, time.monotonic() - started)
 
 
 def _close(session: Session, result: CheckResult) -> CheckResult:
@@ -276,7 +287,8 @@ def _close(session: Session, result: CheckResult) -> CheckResult:
         session.close()
     except Exception as exc:
         if result.outcome == PASSED:
-            return CheckResult(result.name, FAILED, f"shutdown failed: {_describe(exc)}")
+            detail = f"shutdown failed: {_describe(exc)}"
+            return CheckResult(result.name, FAILED, detail, result.seconds)
     return result
 
 
