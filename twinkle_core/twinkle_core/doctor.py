@@ -556,14 +556,15 @@ def render_text(report: dict[str, Any]) -> str:
         line += f"  {p['visible_devices_env']}={p.get('visible_devices') or '(unset)'}"
     out.append(line + "  (detected)")
     others = [
-        f"{name} {'available, ' + str(v['device_count']) if v['available'] else 'not available'}"
+        f"{name} {v['device_count'] if v['available'] else 'not available'}"
         for name, v in p.get("platforms", {}).items()
     ]
     if others:
-        out.append(f"         registered: {'; '.join(others)}")
+        out.append(f"         registered platforms: {', '.join(others)}")
     out += ["", "distributions"]
     for d in report["distributions"]:
-        out.append(f"  {d['name']} {d['version']}  {d.get('location') or ''}".rstrip())
+        where = f"{d.get('location') or ''}{'  (editable)' if d.get('editable') else ''}"
+        out.append(f"  {d['name']} {d['version']}  {where}".rstrip())
     out += ["", "plugins"]
     for plugin in report["plugins"]:
         dist = (
@@ -571,11 +572,13 @@ def render_text(report: dict[str, Any]) -> str:
             if plugin["distribution"]
             else "(no distribution)"
         )
-        what = ", ".join(
-            f"{kind} {', '.join(names)}" for kind, names in plugin["registers"].items() if names
+        status = "FAILED (see problems)" if plugin["error"] else "ok"
+        what = "".join(
+            f"  {kind}: {', '.join(plugin['registers'].get(kind) or [])}"
+            for kind in ("backends", "platforms", "notifiers")
+            if plugin["registers"].get(kind)
         )
-        status = "FAILED" if plugin["error"] else "ok"
-        out.append(f"  {plugin['name']}  [{dist}]  {status}" + (f"  ({what})" if what else ""))
+        out.append(f"  {plugin['name']}  [{dist}]  {status}{what}")
     out += ["", "torchrun"]
     if report["torchrun"]:
         out += [f"  {k}={v}" for k, v in report["torchrun"].items()]

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .device_group import DeviceGroup
+from .device_group import DeviceGroup, canonical_device_type
 from .errors import ConfigurationError
 from .placement import draw_box, format_ranks, group_line, worker_line
 from .plugins import KNOWN_PROVIDERS, registered_names
@@ -432,9 +432,26 @@ def build_plan(
                     PlanIssue(where, f"{label}: missing key {key!r}; add {key} = {example}", who)
                 )
                 bad = True
+        device_type = raw.get("device_type", "cpu")
+        try:
+            canonical = canonical_device_type(device_type)
+        except ConfigurationError as exc:
+            issues.append(PlanIssue(lines.key(index, "device_type"), f"{label}: {exc}", who))
+            continue
+        if canonical not in installed | provided:
+            known = ", ".join(sorted(installed | provided))
+            issues.append(
+                PlanIssue(
+                    lines.key(index, "device_type"),
+                    f"{label}: unknown device type {device_type!r}; no installed platform "
+                    f"registers it (known: {known}). Fix the spelling, or install the plugin "
+                    "that provides the platform (`twinkle plugins` lists what is installed)",
+                    who,
+                )
+            )
+            continue
         if bad:
             continue
-        device_type = raw.get("device_type", "cpu")
         try:
             group = DeviceGroup(**{k: raw[k] for k in GROUP_KEYS if k in raw})
         except (ConfigurationError, TypeError) as exc:
@@ -443,18 +460,6 @@ def build_plan(
                 PlanIssue(
                     lines.key(index, key),
                     f"{label}: {_strip_prefix(str(exc), str(raw.get('name')))}",
-                    who,
-                )
-            )
-            continue
-        if group.device_type not in installed | provided:
-            known = ", ".join(sorted(installed | provided))
-            issues.append(
-                PlanIssue(
-                    lines.key(index, "device_type"),
-                    f"{label}: unknown device type {device_type!r}; no installed platform "
-                    f"registers it (known: {known}). Fix the spelling, or install the plugin "
-                    "that provides the platform (`twinkle plugins` lists what is installed)",
                     who,
                 )
             )
