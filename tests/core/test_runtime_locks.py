@@ -113,3 +113,29 @@ def test_a_second_waiter_is_bounded_by_its_own_timeout():
     release.set()
     holder.join(30)
     assert lazy() == "value"
+
+
+def test_memory_stays_flat_over_many_calls():
+    """No per-call state is kept once a call is resolved or dropped: the number of live
+    objects does not grow with the number of calls (one object kept per call would fail)."""
+    import gc
+
+    initialize("inprocess", groups=[DeviceGroup("g", 1)])
+    try:
+        w = Worker(remote_group="g")
+
+        def calls(n):
+            for i in range(n):
+                lazy = w.ok()
+                if i % 2:
+                    lazy()  # half resolved, half dropped unresolved
+
+        calls(300)  # warm up caches
+        gc.collect()
+        before = len(gc.get_objects())
+        calls(4000)
+        gc.collect()
+        grown = len(gc.get_objects()) - before
+    finally:
+        shutdown()
+    assert grown < 1000, f"{grown} more live objects after 4000 calls"
