@@ -9,9 +9,11 @@ It checks what the real robot checks and answers with DingTalk's error codes:
 - a body over 20000 bytes is refused (460101 "message too long, exceed 20000 bytes");
 - more than ``rate_limit`` messages within ``rate_window`` seconds: 130101 "send too fast".
 
-It can also be told to be slow (``delay`` seconds before answering), to always throttle, or to
-fail the next N requests with HTTP 500. Use it in-process (``FakeDingTalk().start()``) or as a
-standalone process for tests whose notifier lives in another process (torchrun ranks, Ray):
+It can also be told to be slow (``delay`` seconds before answering), to hold every request
+until the test lets it answer (``block()`` / ``release()``: a robot that never answers, with no
+timing guesses), to always throttle, or to fail the next N requests with HTTP 500. Use it
+in-process (``FakeDingTalk().start()``) or as a standalone process for tests whose notifier
+lives in another process (torchrun ranks, Ray):
 
     python fake_dingtalk.py --port-file PORT --log LOG.jsonl [--token T] [--secret S] ...
 
@@ -106,6 +108,12 @@ class FakeDingTalk:
         self.rate_limit = rate_limit
         self.rate_window = rate_window
         self.delay = 0.0
+        #: Cleared by `block()`: requests wait here (at most `max_block` s) until `release()`.
+        self.gate = threading.Event()
+        self.gate.set()
+        self.max_block = 120.0
+        #: Requests that arrived while the gate was closed (answered or not).
+        self.held = 0
         self.always_throttle = False
         self.fail_next_http = 0
         self.throttle_next = 0
@@ -135,6 +143,7 @@ class FakeDingTalk:
         return self
 
     def stop(self) -> None:
+        self.release()  # let held requests end
         self.httpd.shutdown()
         self.httpd.server_close()
         if self._thread is not None:
@@ -145,6 +154,14 @@ class FakeDingTalk:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+    def block(self) -> None:
+        """Hold every request from now on, unanswered, until `release()`."""
+        self.gate.clear()
+
+    def release(self) -> None:
+        """Let held and later requests be answered."""
+        self.gate.set()
 
     # ------------------------------------------------------------------ queries
     @property
@@ -162,6 +179,11 @@ class FakeDingTalk:
                 if len(got) >= count or remaining <= 0:
                     return got
                 self._arrived.wait(remaining)
+
+    def wait_held(self, count: int, timeout: float = 30.0) -> bool:
+        """Wait until `count` requests arrived at the closed gate; whether they did."""
+        with self._arrived:
+            return self._arrived.wait_for(lambda: self.held >= count, timeout)
 
     # ------------------------------------------------------------------ the robot
     def judge(self, path: str, query: dict[str, str], raw: bytes) -> tuple[int, int, str, Any]:
@@ -231,6 +253,11 @@ class FakeDingTalk:
                 raw = self.rfile.read(length)
                 parts = urllib.parse.urlsplit(self.path)
                 query = dict(urllib.parse.parse_qsl(parts.query, keep_blank_values=True))
+                if not server.gate.is_set():
+                    with server._arrived:
+                        server.held += 1
+                        server._arrived.notify_all()
+                    server.gate.wait(server.max_block)
                 if server.delay:
                     time.sleep(server.delay)
                 with server._lock:

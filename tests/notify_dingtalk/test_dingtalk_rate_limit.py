@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from twinkle_core.notify import AlertQueue
 from twinkle_notify_dingtalk import DingTalkNotifier
 from twinkle_notify_dingtalk.ratelimit import RateLimiter
 
@@ -14,12 +15,11 @@ def test_overflow_is_folded_into_one_summary(robot, secret):
     started = time.monotonic()
     for i in range(8):
         notifier.send(f"alert {i}", f"details of alert {i}")
-    first = robot.wait_for(3, timeout=5)
-    assert [m.title for m in first] == ["alert 0", "alert 1", "alert 2"]
-    assert time.monotonic() - started < 1.0  # the first three go out at once
-    msgs = robot.wait_for(4, timeout=5)
-    assert time.monotonic() - started >= 1.5  # the summary waits for a free slot
-    summary = msgs[3]
+    # send() delivers synchronously: the first three are out, the other five held back.
+    assert [m.title for m in robot.requests] == ["alert 0", "alert 1", "alert 2"]
+    assert notifier.flush(30)  # waits (on the limiter) for a free slot, then sends the summary
+    assert time.monotonic() - started >= 1.5  # the summary waited for a free slot
+    summary = robot.requests[3]
     assert "5 more alert(s)" in summary.title
     for i in range(3, 8):
         assert f"alert {i}" in summary.text
@@ -30,11 +30,32 @@ def test_overflow_is_folded_into_one_summary(robot, secret):
     assert notifier.stats.summarized == 5
 
 
+def test_cores_thread_sends_the_summary_when_a_slot_frees(robot, secret):
+    # Under twinkle, nobody calls flush: core's alert thread calls send_held() back when the
+    # notifier said a slot frees.
+    notifier = DingTalkNotifier(robot.webhook, secret, max_per_minute=3)
+    notifier._limiter.window = 1.5
+    queue = AlertQueue(notifier)
+    started = time.monotonic()
+    for i in range(8):
+        assert queue.submit(f"k{i}", f"alert {i}", f"details of alert {i}")
+    msgs = robot.wait_for(4, timeout=60)
+    assert time.monotonic() - started >= 1.5
+    assert [m.title for m in msgs[:3]] == ["alert 0", "alert 1", "alert 2"]
+    assert "more alert(s)" in msgs[3].title
+    queue.close(timeout=60)
+    # However the alerts were batched into summaries, every held alert was listed in one.
+    summaries = [r for r in robot.requests[3:]]
+    assert all("more alert(s)" in r.title and r.ok for r in summaries)
+    for i in range(3, 8):
+        assert sum(f"alert {i}" in r.text for r in summaries) == 1
+    assert notifier.stats.summarized == 5 and notifier.stats.dropped == 0
+
+
 def test_default_limit_keeps_under_dingtalks_twenty_a_minute(robot, secret, dtlog):
     notifier = DingTalkNotifier(robot.webhook, secret)  # max_per_minute=20 by default
     for i in range(25):
         notifier.send(f"alert {i}", "x")
-    robot.wait_for(20, timeout=10)
     # The summary would need a free slot within the next minute: close gives up, says so.
     notifier.close(timeout=0.5)
     assert len(robot.requests) == 20
@@ -76,3 +97,17 @@ def test_limiter_sliding_window():
     assert limiter.wait_time(5) == 20.0 and not limiter.try_acquire(5)
     now[0] = 250.0
     assert limiter.try_acquire(5)
+
+
+def test_limiter_acquire_waits_for_a_slot_only_when_one_frees_in_time():
+    now = [100.0]
+    limiter = RateLimiter(window=60.0, clock=lambda: now[0])
+    assert limiter.acquire(1, timeout=0)
+    started = time.monotonic()
+    assert not limiter.acquire(1, timeout=30)  # the slot frees in 60 s: no wait in vain
+    assert time.monotonic() - started < 30
+    real = RateLimiter(window=0.3)
+    assert real.acquire(1, timeout=0)
+    started = time.monotonic()
+    assert real.acquire(1, timeout=30)  # waits for the slot, on the limiter's condition
+    assert time.monotonic() - started >= 0.3 - 0.01

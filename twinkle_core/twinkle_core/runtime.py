@@ -303,12 +303,19 @@ def initialize(
 
 
 def shutdown(timeout: float = 10.0) -> None:
-    """Report unobserved failures, stop the backend and flush alerts (bounded). Safe twice."""
+    """Report unobserved failures, stop the backend and flush alerts. Safe twice.
+
+    All waiting for alerts shares one deadline `timeout` seconds from the call: the flush
+    before the backend stops, any flush the backend does while stopping (torchrun's hand-over
+    to the other ranks) and the final close of the alert queue and the notifier.
+    """
     global _runtime
     with _runtime_lock:
         rt = _runtime
         if rt is None:
             return
+        if rt.alerts is not None:
+            rt.alerts.limit_waits(timeout)  # the one deadline for every wait below
         atexit.unregister(shutdown)
         try:
             rt.settle_all()  # while the run is still current, so failures reach the notifier
@@ -322,4 +329,4 @@ def shutdown(timeout: float = 10.0) -> None:
                 rt.backend.shutdown()
             finally:
                 if rt.alerts is not None:
-                    rt.alerts.close(timeout)
+                    rt.alerts.close(timeout)  # only what is left of the deadline

@@ -1,9 +1,10 @@
 """`DingTalkNotifier`: twinkle failure alerts posted to a DingTalk group robot.
 
-Sending never hurts the job: `send()` only puts the alert on a bounded queue that a daemon
-thread drains, each alert's delivery (retries included) is bounded by `timeout`, throttling and
-the per-minute limit fold the overflow into one summary message, and `close()` / interpreter
-exit wait a bounded time for pending alerts. Failures are logged as warnings on the
+Sending never hurts the job. twinkle-core owns the queueing: its alert thread calls `send()`,
+which delivers synchronously on that thread, each alert (retries included) bounded by
+`timeout`. Throttling and the per-minute limit hold alerts back; they are folded into one
+summary message, sent when a slot frees (`send_held()`, called back by core's thread) or at
+`close()`, which waits a bounded time. Failures are logged as warnings on the
 `twinkle.dingtalk` logger, with the robot's credentials masked.
 """
 
@@ -14,7 +15,6 @@ import dataclasses
 import json
 import logging
 import os
-import queue
 import random
 import re
 import threading
@@ -53,136 +53,39 @@ DINGTALK_MAX_BODY_BYTES = 20000
 MAX_BODY_BYTES = 19000
 #: The title is what the chat list previews; longer titles are cut.
 MAX_TITLE_CHARS = 120
-#: Alerts waiting for the sender thread; more are dropped with a warning.
-QUEUE_SIZE = 100
 #: How long to hold messages after DingTalk answered 130101 (it throttles for minutes).
 THROTTLE_PAUSE = 60.0
 #: Retry back-off: first wait, growth factor, cap (seconds); jittered by +-20 %.
 BACKOFF_FIRST, BACKOFF_FACTOR, BACKOFF_MAX = 0.2, 2.0, 2.0
 #: Titles listed in one summary message.
 SUMMARY_MAX_TITLES = 20
+#: Shortest delay `send_held()` asks for: never a busy loop, even when racing for a slot.
+MIN_RECHECK = 0.01
 
 _MOBILE_RE = re.compile(r"^\+?[0-9][0-9-]{2,30}$")
-_STOP = object()
 
 
-#: The name of twinkle-core's alert thread (twinkle_core.notify.AlertQueue).
 @dataclasses.dataclass
 class _Alert:
     title: str
     text: str
     created: float  # time.time(), for the summary
-    handled: threading.Event = dataclasses.field(default_factory=threading.Event)
 
 
 @dataclasses.dataclass
 class DeliveryStats:
-    """Counters of what happened to the alerts given to one notifier."""
+    """Counters of what happened to the alerts given to one notifier.
+
+    `dropped` counts alerts held back by the rate limit that could not be sent before
+    `close()`; alerts twinkle-core's queue had no room for are counted there
+    (`AlertQueue.dropped`).
+    """
 
     sent: int = 0
     failed: int = 0
     dropped: int = 0
     summarized: int = 0
     summaries: int = 0
-
-
-class _Sender:
-    """One generation of the background sender: its queue, its thread and its overflow.
-
-    `close()` retires a generation; a later `send()` starts a new one, so a notifier can be
-    reused by a second `initialize()` while a stuck old thread finishes on its own queue.
-    """
-
-    def __init__(self, owner: DingTalkNotifier) -> None:
-        self.owner = owner
-        self.queue: queue.Queue[Any] = queue.Queue(maxsize=QUEUE_SIZE)
-        self.overflow: list[_Alert] = []
-        self.close_deadline: float | None = None
-        self.thread = threading.Thread(target=self.run, name="twinkle-dingtalk", daemon=True)
-
-    def run(self) -> None:
-        owner = self.owner
-        while True:
-            wait = None
-            if self.overflow:
-                wait = max(0.01, owner._limiter.wait_time(owner.max_per_minute))
-            try:
-                item = self.queue.get(timeout=wait)
-            except queue.Empty:
-                item = None
-            try:
-                if item is _STOP:
-                    self.final_flush()
-                    return
-                if item is not None:
-                    self.handle(item)
-                self.maybe_summarize()
-            except Exception as exc:  # pragma: no cover - defensive: the thread must survive
-                log.warning("twinkle: DingTalk sender error: %s", owner._redact(exc))
-            finally:
-                if item is not None:
-                    if isinstance(item, _Alert):
-                        item.handled.set()
-                    self.queue.task_done()
-
-    def handle(self, alert: _Alert) -> None:
-        owner = self.owner
-        if self.overflow or not owner._limiter.try_acquire(owner.max_per_minute):
-            self.fold(alert, f"the rate limit of {owner.max_per_minute} messages a minute")
-            return
-        outcome = owner._deliver(alert.title, alert.text)
-        if outcome.ok:
-            owner.stats.sent += 1
-        elif outcome.throttled:
-            owner._limiter.pause(THROTTLE_PAUSE)
-            self.fold(alert, "DingTalk throttling (errcode 130101)")
-        else:
-            owner.stats.failed += 1
-
-    def fold(self, alert: _Alert, why: str) -> None:
-        self.overflow.append(alert)
-        log.warning(
-            "twinkle: DingTalk alert %r held back by %s; it will be listed in a summary message",
-            self.owner._redact(alert.title),
-            why,
-        )
-
-    def maybe_summarize(self) -> None:
-        owner = self.owner
-        if not self.overflow or not owner._limiter.try_acquire(owner.max_per_minute):
-            return
-        folded, self.overflow = self.overflow, []
-        title, text = owner._summary(folded)
-        outcome = owner._deliver(title, text)
-        if outcome.ok:
-            owner.stats.summaries += 1
-            owner.stats.summarized += len(folded)
-        elif outcome.throttled:
-            owner._limiter.pause(THROTTLE_PAUSE)
-            self.overflow = folded + self.overflow
-        else:
-            owner.stats.failed += len(folded)
-
-    def final_flush(self) -> None:
-        """On close: send the pending summary if a slot frees before the close deadline."""
-        if not self.overflow:
-            return
-        owner = self.owner
-        deadline = self.close_deadline if self.close_deadline is not None else time.monotonic()
-        wait = owner._limiter.wait_time(owner.max_per_minute)
-        if time.monotonic() + wait < deadline:
-            time.sleep(wait)
-            self.maybe_summarize()
-        if self.overflow:
-            log.warning(
-                "twinkle: %d DingTalk alert(s) were not delivered: the robot may send only %d "
-                "messages a minute and no slot freed before close; their titles: %s",
-                len(self.overflow),
-                owner.max_per_minute,
-                "; ".join(owner._redact(a.title) for a in self.overflow[:SUMMARY_MAX_TITLES]),
-            )
-            owner.stats.dropped += len(self.overflow)
-            self.overflow = []
 
 
 class DingTalkNotifier(Notifier):
@@ -194,6 +97,11 @@ class DingTalkNotifier(Notifier):
     `at_mobiles` / `at_all` whom to mention; `timeout` the seconds one alert may take to
     deliver, retries included; `max_per_minute` the messages per minute this process sends to
     the robot (DingTalk throttles above 20), the overflow folded into one summary message.
+
+    `send()` delivers synchronously. Through `initialize(notifier=...)` it runs on
+    twinkle-core's alert thread, so no user call ever waits for the robot. Used on its own it
+    blocks its caller for at most `timeout` seconds; to send in the background, feed it through
+    `twinkle_core.notify.AlertQueue` (see docs/notifiers.md).
     """
 
     def __init__(
@@ -239,9 +147,11 @@ class DingTalkNotifier(Notifier):
             f"{parts.scheme}://{parts.netloc}{parts.path}?{token}"
         )
         self.stats = DeliveryStats()
+        # One delivery at a time: twinkle calls from its one alert thread, but a direct user
+        # (or the exit hook) may call from others. Held while posting, so never taken without
+        # a bound by anything that has one (`flush`, `close`).
         self._lock = threading.Lock()
-        self._sender: _Sender | None = None
-        self._dropping = False
+        self._held: list[_Alert] = []  # alerts folded into the next summary message
         _live.add(self)
 
     # ------------------------------------------------------------------ public API
@@ -283,72 +193,77 @@ class DingTalkNotifier(Notifier):
         return notifier
 
     def send(self, title: str, text: str) -> None:
-        """Queue one alert for the sender thread; returns at once and never raises.
+        """Deliver one alert now; never raises. Blocks at most `timeout` seconds.
 
-        twinkle-core's alert queue calls `flush` after its own queue drains, so a flush of
-        core's queue (at shutdown, or before torchrun ends a process) covers the delivery.
+        Over the per-minute limit, or while DingTalk throttles the robot, the alert is held
+        back and listed in one summary message instead, sent as soon as a slot frees (by
+        `send_held()`, a later `send()`, `flush()` or `close()`). Calls from several threads
+        are delivered one after another.
         """
         try:
             alert = _Alert(sanitize(title), sanitize(text), time.time())
-            sender = self._current_sender()
-            if sender is None:
-                # No thread can be started (interpreter shutting down): deliver here, bounded.
-                self._deliver_now(alert)
-                return
-            sender.queue.put_nowait(alert)
-            if sender.queue.qsize() < QUEUE_SIZE // 2:
-                self._dropping = False
-        except queue.Full:
-            self.stats.dropped += 1
-            if not self._dropping:  # one warning per burst, not one per alert
-                self._dropping = True
-                log.warning(
-                    "twinkle: %d DingTalk alerts are already waiting; dropping alert %r and "
-                    "further ones until the queue drains",
-                    QUEUE_SIZE,
-                    self._redact(title),
-                )
-        except Exception as exc:  # never into user code
-            log.warning("twinkle: could not queue DingTalk alert: %s", self._redact(exc))
+            with self._lock:
+                self._handle(alert)
+                # At most one post per call: a held summary only while nothing was posted.
+                self._summarize_if_free(time.monotonic() + self.timeout)
+        except Exception as exc:  # never into the caller
+            log.warning("twinkle: could not send DingTalk alert: %s", self._redact(exc))
+
+    def send_held(self) -> float | None:
+        """Send the summary of held-back alerts if a slot is free now.
+
+        Returns the seconds until it should be called again, or None when nothing is held;
+        twinkle-core's alert thread calls back accordingly, so the summary goes out as soon as
+        the rate limit allows, without a thread of the notifier's own.
+        """
+        try:
+            with self._lock:
+                self._summarize_if_free(time.monotonic() + self.timeout)
+                if not self._held:
+                    return None
+                return max(MIN_RECHECK, self._limiter.wait_time(self.max_per_minute))
+        except Exception as exc:  # pragma: no cover - defensive: never into core's thread
+            log.warning("twinkle: DingTalk summary failed: %s", self._redact(exc))
+            return None
 
     def flush(self, timeout: float | None = None) -> bool:
-        """Wait up to `timeout` seconds (default: 2 x `timeout`) until queued alerts are handled."""
-        limit = 2 * self.timeout if timeout is None else max(0.0, timeout)
-        sender = self._sender
-        if sender is None:
-            return True
+        """Send the held-back summary if a slot frees within `timeout` seconds (default:
+        the notifier's `timeout`); True when nothing is held afterwards. Never waits longer."""
+        limit = self.timeout if timeout is None else max(0.0, timeout)
         deadline = time.monotonic() + limit
-        while sender.queue.unfinished_tasks:
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.01)
-        return True
+        if not self._held:
+            return True
+        if not self._lock.acquire(timeout=limit):
+            return False
+        try:
+            self._flush_locked(deadline)
+            return not self._held
+        finally:
+            self._lock.release()
 
     def close(self, timeout: float | None = None) -> None:
-        """Deliver pending alerts, waiting at most `timeout` seconds (default: 2 x `timeout`).
+        """Send the held-back summary if a slot frees within `timeout` seconds (default:
+        2 x `timeout`); otherwise log the held alerts' titles as not delivered.
 
-        Afterwards the notifier still works: the next `send()` starts a new sender thread.
+        twinkle-core calls it from its alert thread at `shutdown()`, with what is left of
+        shutdown's deadline. Afterwards the notifier still works.
         """
         limit = 2 * self.timeout if timeout is None else max(0.0, timeout)
-        deadline = time.monotonic() + limit
-        with self._lock:
-            sender, self._sender = self._sender, None
-        if sender is None:
+        started = time.monotonic()
+        if not self._held:
             return
-        sender.close_deadline = deadline
-        try:
-            sender.queue.put(_STOP, timeout=max(0.0, deadline - time.monotonic()))
-        except queue.Full:
-            pass
-        sender.thread.join(max(0.0, deadline - time.monotonic()))
-        if sender.thread.is_alive():
-            pending = sender.queue.unfinished_tasks
+        if not self._lock.acquire(timeout=limit):
             log.warning(
-                "twinkle: gave up waiting for DingTalk alerts after %.1fs (%d still pending); "
-                "the robot is unreachable, slow or throttling",
-                limit,
-                max(0, pending - 1),
+                "twinkle: gave up waiting for DingTalk alerts after %.1fs: another thread is "
+                "still posting (the robot is unreachable, slow or throttling)",
+                time.monotonic() - started,
             )
+            return
+        try:
+            self._flush_locked(started + limit)
+            self._drop_held("no slot freed before close")
+        finally:
+            self._lock.release()
 
     def __repr__(self) -> str:
         return (
@@ -370,31 +285,67 @@ class DingTalkNotifier(Notifier):
         return (DetachedDingTalkNotifier, (repr(self),))
 
     # ------------------------------------------------------------------ internals
-    def _current_sender(self) -> _Sender | None:
-        with self._lock:
-            # A sender whose thread is gone (this is a forked child) is replaced.
-            if self._sender is None or not self._sender.thread.is_alive():
-                sender = _Sender(self)
-                try:
-                    sender.thread.start()
-                except RuntimeError:  # "can't create new thread at interpreter shutdown"
-                    return None
-                self._sender = sender
-            return self._sender
-
-    def _deliver_now(self, alert: _Alert) -> None:
-        if not self._limiter.try_acquire(self.max_per_minute):
-            self.stats.dropped += 1
-            log.warning(
-                "twinkle: DingTalk rate limit reached at shutdown; alert %r not delivered",
-                self._redact(alert.title),
-            )
+    # Everything below runs with `self._lock` held.
+    def _handle(self, alert: _Alert) -> None:
+        if self._held or not self._limiter.try_acquire(self.max_per_minute):
+            self._fold(alert, f"the rate limit of {self.max_per_minute} messages a minute")
             return
         outcome = self._deliver(alert.title, alert.text)
         if outcome.ok:
             self.stats.sent += 1
+        elif outcome.throttled:
+            self._limiter.pause(THROTTLE_PAUSE)
+            self._fold(alert, "DingTalk throttling (errcode 130101)")
         else:
             self.stats.failed += 1
+
+    def _fold(self, alert: _Alert, why: str) -> None:
+        self._held.append(alert)
+        log.warning(
+            "twinkle: DingTalk alert %r held back by %s; it will be listed in a summary message",
+            self._redact(alert.title),
+            why,
+        )
+
+    def _summarize_if_free(self, deadline: float) -> None:
+        if self._held and self._limiter.try_acquire(self.max_per_minute):
+            self._summarize(deadline)
+
+    def _summarize(self, deadline: float) -> None:
+        """Post the summary of the held alerts (a send slot is already taken)."""
+        folded, self._held = self._held, []
+        title, text = self._summary(folded)
+        outcome = self._deliver(title, text, deadline)
+        if outcome.ok:
+            self.stats.summaries += 1
+            self.stats.summarized += len(folded)
+        elif outcome.throttled:
+            self._limiter.pause(THROTTLE_PAUSE)
+            self._held = folded + self._held
+        else:
+            self.stats.failed += len(folded)
+
+    def _flush_locked(self, deadline: float) -> None:
+        """Send the summary while slots free before `deadline` (waiting on the limiter)."""
+        while self._held:
+            remaining = deadline - time.monotonic()
+            if not self._limiter.acquire(self.max_per_minute, remaining):
+                return  # no slot frees in time: do not wait for nothing
+            self._summarize(deadline)
+
+    def _drop_held(self, why: str) -> None:
+        if not self._held:
+            return
+        log.warning(
+            "twinkle: %d DingTalk alert(s) were not delivered: the robot may send only %d "
+            "messages a minute and %s; their titles: %s",
+            len(self._held),
+            self.max_per_minute,
+            why,
+            "; ".join(self._redact(a.title) for a in self._held[:SUMMARY_MAX_TITLES]),
+        )
+        self.stats.dropped += len(self._held)
+        self._held = []
 
     def _payload(self, title: str, text: str) -> bytes:
         """The JSON body of one markdown message, within DingTalk's size limit."""
@@ -408,7 +359,7 @@ class DingTalkNotifier(Notifier):
         suffix = ""
         if self.at_mobiles:
             suffix = "\n\n" + " ".join(f"@{m}" for m in self.at_mobiles)
-        message = {
+        message: dict[str, Any] = {
             "msgtype": "markdown",
             "markdown": {"title": title, "text": ""},
             "at": {"atMobiles": list(self.at_mobiles), "isAtAll": self.at_all},
@@ -423,10 +374,13 @@ class DingTalkNotifier(Notifier):
         message["markdown"]["text"] = prefix + body + suffix
         return _dumps(message)
 
-    def _deliver(self, title: str, text: str) -> transport.Outcome:
-        """Post one message, retrying transient failures with back-off, within `timeout`."""
+    def _deliver(self, title: str, text: str, deadline: float | None = None) -> transport.Outcome:
+        """Post one message, retrying transient failures with back-off, within `timeout`
+        (and before `deadline`, a `time.monotonic()` value, when given)."""
         body = self._payload(title, text)
-        deadline = time.monotonic() + self.timeout
+        started = time.monotonic()
+        budget_end = started + self.timeout
+        deadline = budget_end if deadline is None else min(deadline, budget_end)
         delay = BACKOFF_FIRST
         attempt = 0
         while True:
@@ -447,7 +401,7 @@ class DingTalkNotifier(Notifier):
             self._redact(title),
             verdict,
             attempt,
-            self.timeout,
+            deadline - started,
             self._redact(outcome.detail),
         )
         return outcome
@@ -592,14 +546,28 @@ def _scrub_env() -> None:
             _scrubbed[name] = value
 
 
-# Notifiers alive in this process, flushed (bounded) at interpreter exit. Core's shutdown(),
-# registered later by initialize(), runs before this hook (atexit is last-in, first-out).
+# Notifiers alive in this process. At interpreter exit, those still holding alerts back (a
+# notifier used on its own, over the rate limit) get one bounded chance to send the summary.
+# Core's shutdown(), registered later by initialize(), runs before this hook (atexit is
+# last-in, first-out) and has already closed the notifier it used.
 _live: weakref.WeakSet[DingTalkNotifier] = weakref.WeakSet()
 
 
 def _close_all_at_exit() -> None:
     for notifier in list(_live):
         try:
+            if not notifier._held:
+                continue
+            if not notifier._lock.acquire(blocking=False):
+                # A post is still running on another thread (core's alert thread, past its
+                # shutdown deadline): waiting for it would only lengthen the exit.
+                log.warning(
+                    "twinkle: %d DingTalk alert(s) held back by the rate limit were not "
+                    "delivered: the process exits while a post is still in progress",
+                    len(notifier._held),
+                )
+                continue
+            notifier._lock.release()
             notifier.close()
         except Exception as exc:  # pragma: no cover - never fail interpreter exit
             log.warning("twinkle: closing %r at exit failed: %s", notifier, exc)

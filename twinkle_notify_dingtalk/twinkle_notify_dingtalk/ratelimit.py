@@ -21,7 +21,8 @@ class RateLimiter:
         self.clock = clock
         self._sent: collections.deque[float] = collections.deque()
         self._paused_until = 0.0
-        self._lock = threading.Lock()
+        # Nobody notifies it: slots free with time. It is what `acquire` waits on, bounded.
+        self._lock = threading.Condition(threading.Lock())
 
     def _expire(self, now: float) -> None:
         while self._sent and self._sent[0] <= now - self.window:
@@ -37,17 +38,36 @@ class RateLimiter:
             self._sent.append(now)
             return True
 
+    def acquire(self, limit: int, timeout: float) -> bool:
+        """Take a send slot, waiting up to `timeout` seconds for one to free.
+
+        Returns False at once when no slot can free within `timeout`: it never waits in vain.
+        """
+        end = time.monotonic() + max(0.0, timeout)
+        with self._lock:
+            while True:
+                now = self.clock()
+                wait = self._wait_locked(now, limit)
+                if wait <= 0:
+                    self._sent.append(now)
+                    return True
+                if time.monotonic() + wait > end:
+                    return False
+                self._lock.wait(wait)
+
     def wait_time(self, limit: int) -> float:
         """Seconds until `try_acquire(limit)` can succeed (0 when it can now)."""
         with self._lock:
-            now = self.clock()
-            self._expire(now)
-            wait = max(0.0, self._paused_until - now)
-            if len(self._sent) >= limit:
-                # The slot frees when the send `limit` places from the end leaves the window.
-                oldest_blocking = self._sent[len(self._sent) - limit]
-                wait = max(wait, oldest_blocking + self.window - now)
-            return wait
+            return self._wait_locked(self.clock(), limit)
+
+    def _wait_locked(self, now: float, limit: int) -> float:
+        self._expire(now)
+        wait = max(0.0, self._paused_until - now)
+        if len(self._sent) >= limit:
+            # The slot frees when the send `limit` places from the end leaves the window.
+            oldest_blocking = self._sent[len(self._sent) - limit]
+            wait = max(wait, oldest_blocking + self.window - now)
+        return wait
 
     def pause(self, seconds: float) -> None:
         """Send nothing for `seconds` (DingTalk said the robot is throttled)."""
