@@ -307,8 +307,12 @@ def test_torchrun_variables_are_shown_and_a_partial_set_is_a_warning():
 # --------------------------------------------------------------------------- broken plugins
 @pytest.fixture
 def site(tmp_path, monkeypatch, fresh_plugins):
+    """A folder on sys.path for fake plugins; their modules are forgotten afterwards, so other
+    tests' plugins of the same name are imported afresh."""
     monkeypatch.syspath_prepend(str(tmp_path))
-    return tmp_path
+    yield tmp_path
+    for name in [m for m in sys.modules if m.startswith("twinkle_doctor_")]:
+        del sys.modules[name]
 
 
 def doctor_json(capsys) -> tuple[int, dict]:
@@ -317,18 +321,32 @@ def doctor_json(capsys) -> tuple[int, dict]:
 
 
 def test_plugin_that_fails_to_import(site, capsys):
-    make_plugin(site, "twinkle-broken", "twinkle_broken", "raise ImportError('needs libfoo')\n")
+    make_plugin(
+        site,
+        "twinkle-doctor-broken",
+        "twinkle_doctor_broken",
+        "raise ImportError('needs libfoo')\n",
+    )
     code, report = doctor_json(capsys)
     assert code == 1
     [problem] = report["problems"]
-    assert "plugin 'twinkle_broken' (twinkle-broken 1.0) failed to load" in problem["problem"]
+    assert (
+        "plugin 'twinkle_doctor_broken' (twinkle-doctor-broken 1.0) failed to load"
+        in problem["problem"]
+    )
     assert "ImportError: needs libfoo" in problem["problem"]
-    assert "TWINKLE_PLUGINS" in problem["fix"] and "twinkle-broken" in problem["fix"]
-    assert {p["name"]: p["error"] for p in report["plugins"]}["twinkle_broken"]
+    assert "TWINKLE_PLUGINS" in problem["fix"] and "twinkle-doctor-broken" in problem["fix"]
+    assert {p["name"]: p["error"] for p in report["plugins"]}["twinkle_doctor_broken"]
 
 
 def test_plugin_for_another_core(site, capsys):
-    make_plugin(site, "twinkle-future", "twinkle_future", "x = 1\n", requires=("twinkle-core>=99",))
+    make_plugin(
+        site,
+        "twinkle-doctor-future",
+        "twinkle_doctor_future",
+        "x = 1\n",
+        requires=("twinkle-core>=99",),
+    )
     code, report = doctor_json(capsys)
     assert code == 1
     [problem] = report["problems"]
@@ -344,12 +362,12 @@ def test_plugin_with_a_misspelt_hook(site, capsys):
         def register_dispatcher(register):
             pass
     """
-    make_plugin(site, "twinkle-typo", "twinkle_typo", code)
+    make_plugin(site, "twinkle-doctor-typo", "twinkle_doctor_typo", code)
     exit_code, report = doctor_json(capsys)
     assert exit_code == 1
     [problem] = report["problems"]
     assert "register_dispatcher" in problem["problem"]
     assert "rename the hook(s) register_dispatcher" in problem["fix"]
     text = render_text(diagnose())
-    assert "twinkle_typo  [twinkle-typo 1.0]  FAILED" in text
+    assert "twinkle_doctor_typo  [twinkle-doctor-typo 1.0]  FAILED" in text
     assert "    fix: rename the hook(s)" in text

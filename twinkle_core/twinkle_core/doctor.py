@@ -97,7 +97,7 @@ _RAY_PROBE = f"""
 import json, sys
 out = {{}}
 try:
-    import ray
+    ray = __import__("ray")
     ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
     try:
         out["address"] = ray.get_runtime_context().gcs_address
