@@ -162,6 +162,7 @@ def test_comparison_is_strict_about_containers_and_loose_about_number_types():
 
 
 # ----------------------------------------------------------------------------- the reference
+@pytest.mark.slow  # a real subprocess
 @pytest.mark.timeout(240)
 def test_inprocess_passes_every_check_from_the_command_line(tmp_path):
     run = run_kit("inprocess", cwd=tmp_path, env=_env(), timeout=180)
@@ -223,6 +224,7 @@ def test_backend_options_reach_initialize(capsys):
 
 
 # ----------------------------------------------------------------------------- broken backends
+@pytest.mark.slow  # a real subprocess
 @pytest.mark.timeout(240)
 def test_the_kit_fails_a_backend_that_sums_where_mean_is_asked(broken_site):
     run = run_kit("sum-for-mean", cwd=broken_site, timeout=180)
@@ -235,6 +237,7 @@ def test_the_kit_fails_a_backend_that_sums_where_mean_is_asked(broken_site):
     assert f"{run.passed} passed, {run.failed} failed" in run.output
 
 
+@pytest.mark.slow  # a real subprocess
 @pytest.mark.timeout(240)
 def test_the_kit_fails_a_backend_running_execute_first_on_every_worker(broken_site):
     run = run_kit("first-on-all", cwd=broken_site, timeout=180)
@@ -265,6 +268,7 @@ def launcher(tmp_path):
     return f"{sys.executable} {path}"
 
 
+@pytest.mark.slow  # a real subprocess
 @pytest.mark.timeout(240)
 def test_every_rank_runs_the_checks_and_the_launching_side_agrees_them(tmp_path, launcher):
     run = run_kit(
@@ -282,6 +286,7 @@ def test_every_rank_runs_the_checks_and_the_launching_side_agrees_them(tmp_path,
     assert run.output.splitlines()[-1] == f"{len(collect)} passed, 0 failed, 1 not applicable"
 
 
+@pytest.mark.slow  # a real subprocess
 @pytest.mark.timeout(240)
 def test_a_rank_that_never_reports_fails_every_check(tmp_path, launcher):
     run = run_kit(
@@ -294,6 +299,7 @@ def test_a_rank_that_never_reports_fails_every_check(tmp_path, launcher):
     }, run.output
 
 
+@pytest.mark.slow  # a real subprocess
 @pytest.mark.timeout(120)
 def test_a_hanging_launcher_is_stopped_at_the_timeout(tmp_path, launcher):
     started = time.monotonic()
@@ -321,3 +327,9 @@ def test_ranks_that_disagree_fail_the_check():
     crashed = aggregate(["c"], [rank(0, PASSED), rank(1, PASSED)], 1)
     assert crashed.errors == ["the launcher exited with code 1"] and not crashed.ok
     assert crashed.summary_line() == "1 passed, 0 failed, 1 error"
+
+
+def test_an_unknown_mode_is_a_usage_error(capsys):
+    assert main(["--mode", "no-such-backend"]) == 2
+    err = capsys.readouterr().err
+    assert "no backend named 'no-such-backend' is registered" in err and "inprocess" in err

@@ -132,6 +132,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("error: --mode is required (a backend name, e.g. --mode inprocess)", file=sys.stderr)
         return 2
     options = dict(args.option)
+    from twinkle_core.plugin import registered_names
+
+    backends = registered_names("backends")
+    if args.mode not in backends:
+        print(
+            f"error: no backend named {args.mode!r} is registered (registered: "
+            f"{', '.join(backends) or 'none'}); install the plugin that provides it",
+            file=sys.stderr,
+        )
+        return 2
     if args.report_dir:
         return _run_as_rank(args, options)
     if args.launcher:
