@@ -102,6 +102,13 @@ class _Stop:
     """Marker: the alert thread was told to stop."""
 
 
+def _wake_time(later: Any) -> float | None:
+    """When to call `send_held` again, from what it returned (seconds, or None)."""
+    if later is None or isinstance(later, bool) or not isinstance(later, (int, float)):
+        return None
+    return time.monotonic() + max(0.0, float(later))
+
+
 _STOP = _Stop()
 
 
@@ -203,7 +210,7 @@ class AlertQueue:
                     title, text = item
                     self._call(f"send alert {title!r}", self.notifier.send, title, text)
                 later = self._call("send held alerts", self.notifier.send_held)
-                wake = None if later is None else time.monotonic() + max(0.0, float(later))
+                wake = _wake_time(later)
             finally:
                 self._idle()
 

@@ -59,6 +59,8 @@ THROTTLE_PAUSE = 60.0
 BACKOFF_FIRST, BACKOFF_FACTOR, BACKOFF_MAX = 0.2, 2.0, 2.0
 #: Titles listed in one summary message.
 SUMMARY_MAX_TITLES = 20
+#: Shorter than this left of a deadline, a post is not even tried (it could not succeed).
+MIN_ATTEMPT = 0.01
 #: Shortest delay `send_held()` asks for: never a busy loop, even when racing for a slot.
 MIN_RECHECK = 0.01
 
@@ -329,8 +331,10 @@ class DingTalkNotifier(Notifier):
         """Send the summary while slots free before `deadline` (waiting on the limiter)."""
         while self._held:
             remaining = deadline - time.monotonic()
-            if not self._limiter.acquire(self.max_per_minute, remaining):
-                return  # no slot frees in time: do not wait for nothing
+            if remaining < MIN_ATTEMPT or not self._limiter.acquire(
+                self.max_per_minute, remaining - MIN_ATTEMPT
+            ):
+                return  # no slot frees in time to post: do not wait for nothing
             self._summarize(deadline)
 
     def _drop_held(self, why: str) -> None:
@@ -383,6 +387,14 @@ class DingTalkNotifier(Notifier):
         deadline = budget_end if deadline is None else min(deadline, budget_end)
         delay = BACKOFF_FIRST
         attempt = 0
+        if deadline - started < MIN_ATTEMPT:
+            outcome = transport.Outcome(False, True, None, "no time left before the deadline")
+            log.warning(
+                "twinkle: DingTalk alert %r not delivered: %s",
+                self._redact(title),
+                outcome.detail,
+            )
+            return outcome
         while True:
             attempt += 1
             remaining = deadline - time.monotonic()
