@@ -5,9 +5,9 @@
 
 Every expected value below is a literal worked out from the documented semantics (docs/concepts.md),
 never a value computed by another backend in the same run, so a backend and a reference broken
-the same way still fail. Each check runs in a run of its own (see `runner.run_check`) with the
-device groups it declares; remote classes live at module level so every backend can rebuild
-them in its workers by import.
+the same way still fail. Each check declares the device groups it needs and runs in a session
+(`runner.Session`: one `initialize` ... `shutdown` span serving consecutive checks, built anew
+after a failure); remote classes live at module level so every backend's workers can import them.
 """
 
 from __future__ import annotations
