@@ -29,3 +29,25 @@ def test_core_sources_have_no_torch_or_ray_imports():
     pattern = re.compile(r"^\s*(import|from)\s+(torch|ray)\b", re.MULTILINE)
     offenders = [p.name for p in root.rglob("*.py") if pattern.search(p.read_text())]
     assert offenders == []
+
+
+def test_public_submodules_and_moved_names_import_in_a_fresh_process():
+    """`from twinkle_core import plugin` and the deprecated names work from a cold start."""
+    code = (
+        "import warnings\n"
+        "from twinkle_core import plugin, testing\n"
+        "import twinkle_core\n"
+        "assert plugin.WorkerState and testing.run_kit\n"
+        "with warnings.catch_warnings(record=True) as seen:\n"
+        "    warnings.simplefilter('always')\n"
+        "    assert twinkle_core.RankFailure is plugin.WorkerFailure\n"
+        "    assert twinkle_core.ExecutionBackend is plugin.ExecutionBackend\n"
+        "assert [w.category for w in seen] == [DeprecationWarning, DeprecationWarning], seen\n"
+        "try:\n"
+        "    twinkle_core.no_such_name\n"
+        "except AttributeError:\n"
+        "    print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "ok"

@@ -73,6 +73,9 @@ __all__ = [
     "wait",
 ]
 
+#: Names renamed in 0.2 (see `twinkle_core.plugin.DEPRECATED_ALIASES`).
+_DEPRECATED = {"RankFailure", "RemoteFailure", "WorkerErrors"}
+
 #: Backend-side names that lived here before 0.2: now in `twinkle_core.plugin`.
 _MOVED_TO_PLUGIN = {
     "AcceleratorPlatform",
@@ -90,10 +93,15 @@ _MOVED_TO_PLUGIN = {
 
 
 def __getattr__(name: str) -> Any:
+    import importlib
     import warnings
 
-    from . import plugin
-
+    if name not in _MOVED_TO_PLUGIN and name not in _DEPRECATED:
+        # Also for submodules not imported yet (`from twinkle_core import plugin`): the import
+        # system then loads them itself.
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    # importlib, not `from . import plugin`: that would ask this very __getattr__ again.
+    plugin = importlib.import_module(f"{__name__}.plugin")
     if name in plugin.DEPRECATED_ALIASES:
         return plugin.deprecated_alias(__name__, name)
     if name in _MOVED_TO_PLUGIN:
