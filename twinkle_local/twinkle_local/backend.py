@@ -12,20 +12,27 @@ from __future__ import annotations
 import copy
 import datetime
 import logging
+import os
 import socket
+import sys
+import threading
+import time
+from collections import deque
 from typing import Any
 
+import twinkle_core
 from twinkle_core import (
+    CallTimeoutError,
     ConfigurationError,
     DeviceGroup,
     DeviceMesh,
-    TwinkleError,
     WorkerContext,
     WorkerDiedError,
 )
 from twinkle_core.plugin import (
     AcceleratorPlatform,
     ExecutionBackend,
+    WorkerFailure,
     WorkerGroup,
     WorkerPlacement,
     WorkerState,
@@ -34,14 +41,27 @@ from twinkle_core.plugin import (
     worker_failure,
 )
 
-from .calls import portable_failure
+from .calls import LocalPendingCall
 from .channel import ChannelError, ControlChannel
 from .distributed import DEFAULT_TIMEOUT_S, as_timeout, init_distributed
 from .env import TorchrunEnv
+from .exchange import KIND_CONSTRUCT, CallInfo, Exchange
+from .rng import RngSwitch
 from .signals import AlertFlushOnTerm
+from .watchdog import Watchdog
 from .workers import LocalWorkerGroup
 
 log = logging.getLogger("twinkle")
+
+#: Seconds a process whose wait timed out gives the others to report where they are.
+STACK_WAIT_S = 2.0
+
+#: Frames from these packages are twinkle's plumbing, never the driver's call site.
+_INTERNAL_MODULES = ("twinkle_core", "twinkle_local", "twinkle_ray", "twinkle_notify_dingtalk")
+_INTERNAL_DIRS = tuple(
+    os.path.dirname(os.path.abspath(m.__file__)) + os.sep
+    for m in (twinkle_core, sys.modules[__name__.rsplit(".", 1)[0]])
+)
 
 # How many runs this process started in mode 'local'. Every process of a job starts them in the
 # same order, so (run name, count) names a run's keys in the shared store alike everywhere.
@@ -85,6 +105,17 @@ class LocalBackend(ExecutionBackend):
         self._notify_wait = float(DEFAULT_OPTIONS["notify_wait"])
         self._on_term: AlertFlushOnTerm | None = None
         self._closed = False
+        self._timeout_s = DEFAULT_TIMEOUT_S
+        self.run_name = ""
+        #: One call at a time in this process: its workers' run and the start of its exchange
+        #: (re-entrant: a worker's method may call another object of the same process).
+        self.lock = threading.RLock()
+        #: Exchanges started and not finished yet, in start order (finished in that order).
+        self._queue: deque[Exchange] = deque()
+        #: Structures of sum/mean results every process knows, by `numeric.spec_key`.
+        self.spec_cache: dict[int, Any] = {}
+        self.rng: RngSwitch | None = None
+        self.watchdog = Watchdog(self)
 
     # ----------------------------------------------------------------- start
     def initialize(self, config) -> None:
@@ -92,6 +123,7 @@ class LocalBackend(ExecutionBackend):
         options = self._options(config.backend_options)
         self.isolate = options["isolate"]
         self._notify_wait = options["notify_wait"]
+        self._timeout_s = options["timeout"].total_seconds()
         self.env = env = TorchrunEnv.detect()
         self.platform = platform = detect_platform()
         self._plan(config, env, platform)
@@ -103,9 +135,12 @@ class LocalBackend(ExecutionBackend):
             elif platform.device_type != "cpu":
                 platform.set_device(env.local_rank)
             self._agree(config)
+            self.run_name = config.name
             if env.launched:
                 self._on_term = AlertFlushOnTerm(self._flush_alerts, self._notify_wait)
                 self._on_term.install()
+            self.rng = RngSwitch()
+            self.watchdog.start()
         except BaseException:
             self.shutdown()
             raise
@@ -233,7 +268,7 @@ class LocalBackend(ExecutionBackend):
         config.name = hello[0][1]
         self.channel.namespace = f"twinkle/{config.name}/{_runs_started}"
 
-    # ----------------------------------------------------------------- workers
+    # ----------------------------------------------------------------- calls
     def node_of(self, rank: int) -> str | None:
         return self.nodes[rank] if 0 <= rank < len(self.nodes) else None
 
@@ -241,31 +276,180 @@ class LocalBackend(ExecutionBackend):
         self._sequence += 1
         return self._sequence
 
-    def check_same_call(self, gathered: list, seq: int, label: str, n_calls: int) -> None:
-        """Raise on every process when the processes are not at the same twinkle call."""
-        seen = [(g[0], g[1], g[2]) for g in gathered]
-        if any(s != (seq, label, n_calls) for s in seen):
-            where = "; ".join(
-                f"process {r}: call #{s[0]} {s[1]} on {s[2]} worker(s)" for r, s in enumerate(seen)
-            )
-            raise TwinkleError(
-                f"mode 'local': the torchrun processes diverged ({where}); every process must "
-                "make the same remote calls in the same order, so do not call remote methods "
-                "inside `if rank == ...` blocks of the driver script"
-            )
+    @staticmethod
+    def call_site() -> str:
+        """The driver's line that made the current call (`file:line`, as core reports it)."""
+        frame = sys._getframe(1)
+        while frame is not None:
+            module = frame.f_globals.get("__name__", "")
+            if module.split(".", 1)[0] not in _INTERNAL_MODULES and not (
+                frame.f_code.co_filename.startswith(_INTERNAL_DIRS)
+            ):
+                return f"{frame.f_code.co_filename}:{frame.f_lineno}"
+            frame = frame.f_back
+        return "<unknown>:0"
 
+    def enqueue(self, exchange: Exchange) -> None:
+        """Remember a started exchange (lock held); a lone finished one is not kept."""
+        if exchange.outcome is None:
+            self._queue.append(exchange)
+
+    def drain(self, timeout: float | None) -> None:
+        """Finish every started exchange, in order (lock held), before a new call runs.
+
+        A call runs only once the previous calls' exchanges are complete everywhere: a method
+        that runs collectives of its own must never wait for a process that is still in an
+        earlier call's second step. `timeout` bounds the wait for the last one (None: the
+        control group's own timeout); a call that cannot be exchanged in order breaks the run.
+        """
+        queue = self._queue
+        if not queue:
+            return
+        last = queue[-1]
+        work = last.work
+        if timeout is not None and work is not None and not work.is_completed():
+            try:
+                work.wait(datetime.timedelta(seconds=max(timeout, 0.001)))
+            except Exception:
+                pass
+            if not work.is_completed():
+                stacks = self.watchdog.request_stacks(STACK_WAIT_S)
+                if not work.is_completed():
+                    self.mark_broken(
+                        CallTimeoutError(
+                            f"the exchange of {last.info.describe()} did not finish within "
+                            f"{timeout:g}s{_stacks_text(stacks)}"
+                        ),
+                        last.info.label,
+                    )
+                    return
+        while queue:
+            queue[0].finish()
+            queue.popleft()
+
+    def wait_for(self, exchange: Exchange, timeout: float | None) -> None:
+        """Wait until `exchange` is finished: at most `timeout` seconds for the other processes
+        to reach it (`CallTimeoutError` naming where they are), then finish it in order."""
+        work = exchange.work
+        if work is not None and not work.is_completed():
+            try:
+                if timeout is None:
+                    work.wait()  # the control group's timeout ends a lost process's wait
+                else:
+                    work.wait(datetime.timedelta(seconds=max(timeout, 0.001)))
+            except Exception:
+                pass  # a failed collective is reported by finish()
+            if timeout is not None and not work.is_completed():
+                raise self.timeout_error(exchange, timeout)
+        with self.lock:
+            if exchange.outcome is not None:
+                return
+            while self._queue:
+                head = self._queue.popleft()
+                head.finish()
+                if head is exchange:
+                    return
+            exchange.finish()
+
+    def timeout_error(self, exchange: Exchange, timeout: float) -> CallTimeoutError:
+        """The other processes did not reach `exchange` in time: where are they?"""
+        exchange.timed_out = True
+        stacks = self.watchdog.request_stacks(STACK_WAIT_S)
+        return CallTimeoutError(
+            f"did not finish within {timeout:g}s: not every torchrun process reached "
+            f"{exchange.info.describe()}{_stacks_text(stacks)}"
+        )
+
+    def try_finish(self, exchange: Exchange) -> bool:
+        """Finish `exchange` (and those before it) if that needs no waiting; for `done()`."""
+        if exchange.outcome is not None:
+            return True
+        if not exchange.arrived() or not self.lock.acquire(blocking=False):
+            return False
+        try:
+            queue = self._queue
+            while queue and exchange.outcome is None:
+                head = queue[0]
+                if not head.arrived() or (self.channel.distributed and head.needs_second_step()):
+                    return False
+                head.finish()
+                queue.popleft()
+            return exchange.outcome is not None
+        finally:
+            self.lock.release()
+
+    def progress(self) -> bool:
+        """Finish the exchanges every process has reached, in order (for the watchdog, which
+        never waits for the lock). True while exchanges are left."""
+        queue = self._queue
+        if not queue:
+            return False
+        if queue[0].arrived() and self.lock.acquire(blocking=False):
+            try:
+                while queue and queue[0].arrived():
+                    queue[0].finish()
+                    queue.popleft()
+            finally:
+                self.lock.release()
+        return bool(queue)
+
+    # ----------------------------------------------------------------- broken runs
     def mark_broken(self, exc: BaseException, label: str) -> None:
         """Remember the first failed exchange: later calls fail at once instead of waiting."""
-        if self.broken is None:
-            self.broken = exc
-            self._broken_at = label
+        if self.broken is not None:
+            return
+        detail = ""
+        if isinstance(exc, ChannelError):
+            if exc.timed_out:
+                detail = _stacks_text(self.watchdog.request_stacks(STACK_WAIT_S))
+            else:
+                detail = self._shutdown_notes()
+        self.broken = exc
+        self._broken_at = label
+        self._broken_detail = detail
 
     def broken_message(self) -> str:
         return (
             f"a torchrun process died or stopped answering during {self._broken_at}; twinkle's "
             "exchanges cannot continue (see that process's own output for the cause)"
+            f"{getattr(self, '_broken_detail', '')}"
         )
 
+    def lost_outcome(
+        self, info: CallInfo, ranks: list[int], exc: BaseException
+    ) -> LocalPendingCall:
+        """A collective broke: every surviving process reports the same WorkerDiedError."""
+        self.mark_broken(exc, info.label)
+        error = WorkerDiedError(self.broken_message())
+        detail = f"{type(exc).__name__}: {exc}"
+        me = self.env.rank
+        others = sorted({r for r in ranks if r != me})
+        failures = [WorkerFailure(r, error, self.node_of(r), detail) for r in others or [me]]
+        return LocalPendingCall(None, failures, label=info.label)
+
+    def _shutdown_notes(self) -> str:
+        """Which other processes already shut twinkle down (an extra call on this one?)."""
+        store = self.channel.store
+        if store is None:
+            return ""
+        notes = []
+        for rank in range(self.channel.world_size):
+            if rank == self.env.rank:
+                continue
+            key = self.channel.key("shutdown", rank)
+            try:
+                if store.check([key]):
+                    notes.append(f"process {rank} {store.get(key).decode(errors='replace')}")
+            except Exception:
+                return ""
+        if not notes:
+            return ""
+        return (
+            f"; {'; '.join(notes)}, while this process (rank {self.env.rank}) made call "
+            f"#{self._sequence}: every process must make the same remote calls"
+        )
+
+    # ----------------------------------------------------------------- workers
     def create_workers(
         self,
         cls: type,
@@ -288,13 +472,34 @@ class LocalBackend(ExecutionBackend):
             WorkerPlacement(r, self.node_of(r), self._devices(group, r), group.device_type)
             for r in range(num_workers)
         ]
+        label = f"{cls.__name__}(remote_group={group.name!r})"
+        site = self.call_site()
         instance, state, failure = None, None, None
-        if env.rank < num_workers:
-            context = self._context(group, device_mesh, num_workers)
-            instance, state, failure = self._construct(cls, args, kwargs, context)
-        self._agree_on_construction(cls, group, failure)
+        with self.lock:
+            self.drain(None)
+            if self.broken is not None:
+                raise WorkerDiedError(self.broken_message())
+            info = CallInfo(
+                self.next_sequence(),
+                KIND_CONSTRUCT,
+                label,
+                site,
+                num_workers,
+                threading.current_thread().name,
+            )
+            if env.rank < num_workers:
+                context = self._context(group, device_mesh, num_workers)
+                instance, state, failure = self._construct(cls, args, kwargs, context)
+            mine = None if failure is None else (env.rank, False, failure)
+            exchange = Exchange(self, info, list(range(num_workers)), mine)
+            exchange.start()
+            outcome = exchange.finish()
+        self._raise_construction(outcome, label, failure)
+        party = None
+        if state is not None and self.rng is not None and self.rng.supported(state.rng_state):
+            party = self.rng.party(f"{label} rank {env.rank}", state.rng_state)
         return LocalWorkerGroup(
-            self, group, device_mesh, cls, num_workers, placements, instance, state
+            self, group, device_mesh, cls, num_workers, placements, instance, state, party
         )
 
     def _devices(self, group: DeviceGroup, rank: int) -> tuple[int, ...]:
@@ -330,32 +535,25 @@ class LocalBackend(ExecutionBackend):
             return None, None, worker_failure(context.rank, exc, self.node)
         return instance, state, None
 
-    def _agree_on_construction(self, cls: type, group: DeviceGroup, failure) -> None:
-        """Every process learns whether every instance was built, and raises the same error."""
-        label = f"{cls.__name__}(remote_group={group.name!r})"
-        entry = None if failure is None else portable_failure(failure)
-        if not self.channel.distributed:
-            gathered = [(0, label, 0, {0: entry} if entry else {})]
-        else:
-            seq = self.next_sequence()
-            try:
-                gathered = self.channel.all_gather((seq, label, 0, {0: entry} if entry else {}))
-            except ChannelError as exc:
-                self.mark_broken(exc, label)
-                raise WorkerDiedError(self.broken_message()) from exc
-            self.check_same_call(gathered, seq, label, 0)
-        failures = [e for g in gathered for e in g[3].values() if e is not None]
-        if failures:
-            first = min(failures, key=lambda f: f.rank)
-            own = failure is not None and failure.rank == first.rank
-            exc = failure.exception if own else first.exception
-            note = f"twinkle: constructing {label} failed on rank {first.rank}"
-            if first.node:
-                note += f" (node {first.node})"
-            if not own and first.traceback:
-                note += "\n" + first.traceback.rstrip()
-            _add_note(exc, note)
-            raise exc
+    @staticmethod
+    def _raise_construction(outcome: LocalPendingCall, label: str, failure) -> None:
+        """Every process raises the same error when any instance could not be built."""
+        if outcome.error is not None:
+            raise outcome.error
+        if not outcome.failures:
+            return
+        first = min(outcome.failures, key=lambda f: f.rank)
+        if isinstance(first.exception, WorkerDiedError):
+            raise first.exception
+        own = failure is not None and failure.rank == first.rank
+        exc = failure.exception if own else first.exception
+        note = f"twinkle: constructing {label} failed on rank {first.rank}"
+        if first.node:
+            note += f" (node {first.node})"
+        if not own and first.traceback:
+            note += "\n" + first.traceback.rstrip()
+        _add_note(exc, note)
+        raise exc
 
     # ----------------------------------------------------------------- failures
     def claim_notification(self, key: str) -> bool:
@@ -403,13 +601,52 @@ class LocalBackend(ExecutionBackend):
     def shutdown(self) -> None:
         if self._closed:
             return
-        self._closed = True
         try:
-            self._settle_notifications()
+            self._finish_exchanges()
         finally:
-            if self._on_term is not None:
-                self._on_term.uninstall()
-            self._destroy_groups()
+            self._closed = True
+            try:
+                self._settle_notifications()
+            finally:
+                self.watchdog.stop()
+                if self._on_term is not None:
+                    self._on_term.uninstall()
+                self._destroy_groups()
+
+    def _finish_exchanges(self) -> None:
+        """Take part in the exchanges still open (another process may be collecting them), and
+        tell the others through the store where this process stopped.
+
+        Bounded: an exchange another process never reached is waited for at most
+        min(timeout, notify_wait) seconds, and not at all when a wait for it already timed out.
+        """
+        if self.channel.distributed and self.broken is None:
+            bound = min(self._timeout_s, self._notify_wait)
+            with self.lock:
+                queue = self._queue
+                while queue and self.broken is None:
+                    head = queue[0]
+                    if not head.arrived():
+                        if head.timed_out:
+                            break
+                        deadline = time.monotonic() + bound
+                        while not head.arrived() and time.monotonic() < deadline:
+                            time.sleep(0.01)
+                        if not head.arrived():
+                            break
+                    head.finish()
+                    queue.popleft()
+        self._queue.clear()
+        store = self.channel.store
+        if store is not None and self.channel.world_size > 1:
+            try:
+                store.set(
+                    self.channel.key("shutdown", self.env.rank),
+                    f"shut twinkle down after call #{self._sequence} (shutdown() from "
+                    f"{self.call_site()})",
+                )
+            except Exception as exc:
+                log.debug("twinkle: could not leave the shutdown note: %s", exc)
 
     def _destroy_groups(self) -> None:
         """Destroy the process groups this backend created, and only those."""
@@ -448,3 +685,10 @@ def _add_note(exc: BaseException, note: str) -> None:
         exc.add_note(note)
     else:  # pragma: no cover - Python 3.10
         exc.__notes__ = [*getattr(exc, "__notes__", []), note]
+
+
+def _stacks_text(stacks: dict[int, str]) -> str:
+    """The other processes' own reports of where they are, for an error message."""
+    if not stacks:
+        return ""
+    return "; where the other processes are:\n" + "\n".join(stacks[r] for r in sorted(stacks))

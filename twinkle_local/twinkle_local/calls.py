@@ -9,7 +9,7 @@ from __future__ import annotations
 import pickle
 from typing import Any
 
-from twinkle_core import DeviceMesh, TwinkleError
+from twinkle_core import CallTimeoutError, DeviceMesh, TwinkleError
 from twinkle_core.plugin import (
     Collector,
     CompletedCall,
@@ -38,8 +38,11 @@ class LocalPendingCall(CompletedCall):
         mesh: DeviceMesh | None = None,
         label: str = "",
         partial: bool = False,
+        error: BaseException | None = None,
     ) -> None:
         super().__init__(results if results is not None else [], failures)
+        #: An error of the call itself (not of a worker), raised on every process.
+        self.error = error
         #: False when only some results were exchanged (an all-reduce, or only the results
         #: the collector looks at); `wait()` then cannot return the per-rank list.
         self.complete = results is not None and not partial
@@ -48,9 +51,19 @@ class LocalPendingCall(CompletedCall):
         self.mesh = mesh
         self.label = label
 
-    def wait(self, timeout: float | None) -> list[Any]:
+    def _raise_failures(self) -> None:
+        if self.error is not None:
+            raise self.error
         if self.failures:
+            # A method stopped at its timeout: the call timed out (as where it is waited
+            # for), not a worker error.
+            for failure in sorted(self.failures, key=lambda f: f.rank):
+                if isinstance(failure.exception, CallTimeoutError):
+                    raise failure.exception
             raise WorkersFailedError(self.failures)
+
+    def wait(self, timeout: float | None) -> list[Any]:
+        self._raise_failures()
         if not self.complete:
             raise TwinkleError(
                 f"{self.label}: the results were summed with an all-reduce for its "
@@ -59,16 +72,15 @@ class LocalPendingCall(CompletedCall):
             )
         return self.results
 
+    def succeeded(self) -> bool:
+        return self.error is None and not self.failures
+
     def collect(self, collector: Collector, device_mesh: DeviceMesh, timeout: float | None) -> Any:
-        if self.failures:
-            raise WorkersFailedError(self.failures)
-        if (
-            self.reduced is not _UNSET
-            and collector.reduce_op == self.reduce_op
-            and device_mesh == self.mesh
-        ):
+        self._raise_failures()
+        same_mesh = device_mesh is self.mesh or device_mesh == self.mesh
+        if self.reduced is not _UNSET and collector.reduce_op == self.reduce_op and same_mesh:
             return self.reduced
-        if self.results and not self.complete and device_mesh == self.mesh:
+        if self.results and not self.complete and same_mesh:
             # Only the results the collector looks at (one per data shard) were exchanged.
             return collector.collect(self.results, device_mesh)
         return collector.collect(self.wait(timeout), device_mesh)
@@ -85,22 +97,27 @@ def portable_failure(failure: WorkerFailure) -> WorkerFailure:
     return WorkerFailure(failure.rank, carried, failure.node, failure.traceback)
 
 
-def encode(ok: bool, value: Any, rank: int, node: str | None, label: str) -> bytes:
-    """Pickle one outcome; an unpicklable result becomes that rank's failure."""
+def encode(ok: bool, value: Any, rank: int, node: str | None, label: str) -> tuple[bytes, bool]:
+    """Pickle one outcome: (bytes, whether they hold a result). An unpicklable result
+    becomes that rank's failure."""
     if not ok:
-        return pickle.dumps((False, portable_failure(value)))
+        return pickle.dumps((False, portable_failure(value))), False
     try:
-        return pickle.dumps((True, value))
+        return pickle.dumps((True, value)), True
     except Exception as exc:
         error = TypeError(
             f"the result of {label} on rank {rank} ({type(value).__name__}) cannot be sent to "
             f"the other torchrun processes: {type(exc).__name__}: {exc}"
         )
-        return pickle.dumps((False, WorkerFailure(rank, error, node, "")))
+        return pickle.dumps((False, WorkerFailure(rank, error, node, ""))), False
 
 
-def decode(blob: bytes, rank: int, node: str | None, label: str) -> tuple[bool, Any]:
-    """Unpickle one outcome; one that cannot be read here becomes that rank's failure."""
+def decode(
+    blob: bytes, rank: int, node: str | None, label: str, note: bool = True
+) -> tuple[bool, Any]:
+    """Unpickle one outcome; one that cannot be read here becomes that rank's failure.
+
+    A failure gets its rank's traceback as a note unless `note` is False."""
     try:
         ok, value = pickle.loads(blob)
     except Exception as exc:
@@ -109,7 +126,7 @@ def decode(blob: bytes, rank: int, node: str | None, label: str) -> tuple[bool, 
             f"{type(exc).__name__}: {exc}"
         )
         return False, WorkerFailure(rank, error, node, "")
-    if not ok and value.traceback:
+    if note and not ok and value.traceback:
         # Raised in another process: its frames are not in this exception's traceback.
         note = f"twinkle: traceback on rank {value.rank}:\n{value.traceback.rstrip()}"
         notes = getattr(value.exception, "__notes__", None) or []

@@ -20,6 +20,21 @@ log = logging.getLogger("twinkle")
 class ChannelError(RuntimeError):
     """A collective on the control group failed: a process died or stopped answering."""
 
+    @property
+    def timed_out(self) -> bool:
+        """Whether the group's own timeout ended it (the peer may be alive, but stuck)."""
+        return "timed out" in str(self).lower() or "timeout" in str(self).lower()
+
+
+class DoneWork:
+    """The work of a collective with oneself: finished at once."""
+
+    def wait(self, timeout: Any = None) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
 
 class ControlChannel:
     """Collectives over twinkle's control group; a lone process exchanges with itself."""
@@ -55,6 +70,45 @@ class ControlChannel:
             raise ChannelError(f"{type(exc).__name__}: {exc}") from exc
         return out
 
+    def start_gather(self, slot: bytearray) -> tuple[Any, Any]:
+        """Start gathering every process's `slot` (the same size everywhere): (the uint8 tensor
+        that will hold them all in rank order, the collective's work object).
+
+        The collective runs in gloo's own thread: `work.wait(timeout)` waits for it, and
+        `work.is_completed()` tells without waiting.
+        """
+        import torch
+
+        mine = torch.frombuffer(slot, dtype=torch.uint8)
+        if self.group is None:
+            return mine, DoneWork()
+        import torch.distributed as dist
+
+        out = torch.empty(len(slot) * self.world_size, dtype=torch.uint8)
+        try:
+            return out, _gather_single(dist)(out, mine, group=self.group, async_op=True)
+        except Exception as exc:
+            raise ChannelError(f"{type(exc).__name__}: {exc}") from exc
+
+    def all_gather_bytes(self, payload: bytes, size: int) -> list[bytes]:
+        """Every process's `payload` (at most `size` bytes, agreed beforehand), in rank order;
+        each padded to `size` (callers know the real lengths)."""
+        if self.group is None:
+            return [payload]
+        import numpy as np
+        import torch
+        import torch.distributed as dist
+
+        mine = np.zeros(size, dtype=np.uint8)
+        mine[: len(payload)] = np.frombuffer(payload, dtype=np.uint8)
+        out = torch.zeros(size * self.world_size, dtype=torch.uint8)
+        try:
+            _gather_single(dist)(out, torch.from_numpy(mine), group=self.group)
+        except Exception as exc:
+            raise ChannelError(f"{type(exc).__name__}: {exc}") from exc
+        data = out.numpy().tobytes()
+        return [data[r * size : (r + 1) * size] for r in range(self.world_size)]
+
     def all_reduce_sum(self, buffers: dict[str, Any]) -> dict[str, Any]:
         """Sum each (CPU) tensor of `buffers` element-wise over all processes, in place."""
         if self.group is None:
@@ -70,6 +124,10 @@ class ControlChannel:
         return buffers
 
     # ----------------------------------------------------------------- store
+    def key(self, *parts: Any) -> str:
+        """A plain key of this run in the store (readable: for hand-shakes between threads)."""
+        return "/".join([self.namespace, *(str(p) for p in parts)])
+
     def _key(self, *parts: str) -> str:
         digest = hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:32]
         return f"{self.namespace}/{digest}"
@@ -97,3 +155,8 @@ class ControlChannel:
             log.warning("twinkle: gave up waiting for the notifying rank: %s", exc)
             return False
         return True
+
+
+def _gather_single(dist: Any) -> Any:
+    """torch's all-gather into one tensor (renamed all_gather_single in torch 2.13)."""
+    return getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor

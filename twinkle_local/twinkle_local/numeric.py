@@ -10,6 +10,7 @@ this process's device). Anything else (bools, lists, strings, mixed specs) is ga
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -188,12 +189,77 @@ def unpack(buffers: dict[str, Any], spec: Spec, op: str, count: int, device: Any
 
 
 def _leaf_value(leaf: Leaf, flat: Any, device: Any) -> Any:
+    """One leaf from its slice of a summed buffer (a CPU tensor, or a numpy array)."""
     if leaf.kind == "int":
         return int(flat[0])
     if leaf.kind == "float":
         return float(flat[0])
     if leaf.kind == "numpy":
-        array = flat.numpy().astype(np.dtype(leaf.dtype)).reshape(leaf.shape)
+        values = flat if isinstance(flat, np.ndarray) else flat.numpy()
+        array = values.astype(np.dtype(leaf.dtype)).reshape(leaf.shape)
         return array[()] if leaf.shape == () else array
+    if isinstance(flat, np.ndarray):
+        import torch
+
+        flat = torch.from_numpy(np.ascontiguousarray(flat))
     target = device if device is not None else leaf.device_type
     return flat.reshape(leaf.shape).to(dtype=leaf.dtype).to(target)
+
+
+# --------------------------------------------------------------------- small results inline
+_KEYS: dict[Spec, int] = {}
+
+
+def spec_key(spec: Spec) -> int:
+    """A 63-bit fingerprint of what `same_spec` compares, the same in every process (never 0).
+
+    Two processes reduce together only results whose keys are equal; the device a tensor
+    lives on is not part of it, as in `same_spec`.
+    """
+    key = _KEYS.get(spec)
+    if key is None:
+        digest = hashlib.blake2b(_describe(spec).encode(), digest_size=8).digest()
+        key = (int.from_bytes(digest, "little") >> 1) or 1
+        if len(_KEYS) < 4096:
+            _KEYS[spec] = key
+    return key
+
+
+def _describe(spec: Spec) -> str:
+    if isinstance(spec, Leaf):
+        return f"L({spec.kind},{spec.dtype},{spec.shape},{spec.acc})"
+    tuple_type = (
+        ""
+        if spec.tuple_type is None
+        else (f"{spec.tuple_type.__module__}.{spec.tuple_type.__qualname__}")
+    )
+    children = ",".join(_describe(c) for c in spec.children)
+    return f"N({spec.kind},{spec.keys!r},{tuple_type},[{children}])"
+
+
+def flat_numbers(value: Any, spec: Spec) -> tuple[np.ndarray, np.ndarray]:
+    """`value` (of `spec`) as one flat int64 and one flat float64 numpy array."""
+    sizes = buffer_sizes(spec)
+    if isinstance(spec, Leaf) and spec.kind in ("int", "float"):
+        number = np.array([value], dtype=np.int64 if spec.acc == INT64 else np.float64)
+        empty = np.zeros(0, dtype=np.float64 if spec.acc == INT64 else np.int64)
+        return (number, empty) if spec.acc == INT64 else (empty, number)
+    out = {INT64: np.zeros(sizes[INT64], np.int64), FLOAT64: np.zeros(sizes[FLOAT64], np.float64)}
+    offsets = {INT64: 0, FLOAT64: 0}
+    leaves: list[tuple[Leaf, Any]] = []
+    _leaves(value, spec, leaves)
+    for leaf, item in leaves:
+        if leaf.kind == "torch":  # bfloat16 & co have no numpy dtype: convert in torch
+            import torch
+
+            wide = torch.int64 if leaf.acc == INT64 else torch.float64
+            item = item.detach().to("cpu", wide).reshape(-1).numpy()
+        start = offsets[leaf.acc]
+        out[leaf.acc][start : start + leaf.numel] = np.asarray(item).reshape(-1)
+        offsets[leaf.acc] = start + leaf.numel
+    return out[INT64], out[FLOAT64]
+
+
+def unpack_sums(ints: np.ndarray, floats: np.ndarray, spec: Spec, op: str, count: int) -> Any:
+    """`unpack` for sums held in numpy arrays (small results summed without an all-reduce)."""
+    return unpack({INT64: ints, FLOAT64: floats}, spec, op, count)

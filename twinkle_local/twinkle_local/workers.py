@@ -2,26 +2,29 @@
 
 A group of k workers lives on global ranks 0..k-1; worker rank r is the instance in process r.
 Every process runs the same driver script, so every process makes the same remote calls in the
-same order. For each call a process runs the work aimed at its own rank, then the outcomes are
-exchanged over twinkle's control group so each process ends with the same collected value.
+same order. For each call a process runs the work aimed at its own rank, then starts the
+exchange of the outcomes over twinkle's control group (see `exchange.py`: one collective when
+all went well); collecting the call waits for it, so each process ends with the same value.
 Calls made inside a worker (one remote object using another) run only on this process.
 """
 
 from __future__ import annotations
 
 import copy
+import threading
 from typing import TYPE_CHECKING, Any
 
 from twinkle_core import (
+    CallTimeoutError,
     ConfigurationError,
     DeviceGroup,
     DeviceMesh,
     NotInitializedError,
-    WorkerDiedError,
     get_worker_context,
 )
 from twinkle_core.plugin import (
     Collector,
+    PendingCall,
     WorkerCall,
     WorkerFailure,
     WorkerGroup,
@@ -30,16 +33,19 @@ from twinkle_core.plugin import (
     call_mesh,
     representatives,
     run_method,
+    worker_context,
 )
 
-from . import numeric
-from .calls import LocalPendingCall, decode, encode
-from .channel import ChannelError
+from .calls import LocalPendingCall
+from .exchange import KIND_GATHER, KIND_REDUCE, CallInfo, Exchange, ExchangedCall
 
 if TYPE_CHECKING:
     from .backend import LocalBackend
+    from .rng import Party
 
 REDUCE_OPS = ("sum", "mean")
+#: The attribute where core keeps a `@remote_function`'s options (its timeout, here).
+_SPEC_ATTR = "__twinkle_remote_function__"
 
 
 class LocalWorkerGroup(WorkerGroup):
@@ -55,6 +61,7 @@ class LocalWorkerGroup(WorkerGroup):
         placements: list[WorkerPlacement],
         instance: Any,
         state: WorkerState | None,
+        party: Party | None = None,
     ) -> None:
         super().__init__(group, device_mesh, cls.__name__, size, placements)
         self.backend = backend
@@ -62,21 +69,61 @@ class LocalWorkerGroup(WorkerGroup):
         self.instance = instance
         #: This process's worker (its context and random generators); None when idle.
         self.state = state
+        #: The worker's generators for the backend's fast switch (None: core's activate()).
+        self.party = party
+        self._timeouts: dict[str, float | None] = {}
 
     # ----------------------------------------------------------------- running
     @property
     def holds_worker(self) -> bool:
         return self.state is not None
 
-    def _run(self, method: str, call: WorkerCall) -> tuple[bool, Any]:
+    def method_timeout(self, method: str) -> float | None:
+        """The `timeout=` of `@remote_function` on `method` (None when it has none)."""
+        if method not in self._timeouts:
+            spec = getattr(getattr(self.cls, method, None), _SPEC_ATTR, None)
+            timeout = getattr(spec, "timeout", None)
+            ok = isinstance(timeout, (int, float)) and not isinstance(timeout, bool)
+            self._timeouts[method] = float(timeout) if ok and timeout > 0 else None
+        return self._timeouts[method]
+
+    def _run(self, method: str, call: WorkerCall, info: CallInfo) -> tuple[bool, Any]:
+        """Run `call` on this process's worker, as that worker, bounded by the method's
+        timeout: (True, value), or (False, WorkerFailure)."""
         assert self.state is not None, "only a process holding a worker runs calls"
+        backend = self.backend
         args, kwargs = call.args, call.kwargs
-        if self.backend.isolate:
+        if backend.isolate and not _immutable(args, kwargs):
             args, kwargs = copy.deepcopy((args, kwargs))
-        with self.state.activate():
-            return run_method(
-                self.instance, method, args, kwargs, rank=call.rank, node=self.backend.node
+        timeout = self.method_timeout(method)
+        rng = backend.rng
+        party = self.party
+        if party is None or rng is None:
+            with self.state.activate() as ctx:
+                return self._bounded(method, call, info, timeout, args, kwargs, ctx)
+        previous = rng.enter(party)
+        try:
+            with worker_context(self.state.context) as ctx:
+                return self._bounded(method, call, info, timeout, args, kwargs, ctx)
+        finally:
+            rng.leave(party, previous)
+
+    def _bounded(self, method, call, info, timeout, args, kwargs, ctx) -> tuple[bool, Any]:
+        backend = self.backend
+        node = backend.node
+
+        def body() -> tuple[bool, Any]:
+            return run_method(self.instance, method, args, kwargs, rank=call.rank, node=node)
+
+        result, took, stack = backend.watchdog.run(info, timeout, body)
+        if timeout is not None and (result is None or took > timeout):
+            where = f"; it was at:\n{stack.rstrip()}" if stack else ""
+            error = CallTimeoutError(
+                f"the method ran {took:.3g}s on rank {call.rank} (node {node}), longer than its "
+                f"timeout={timeout:g}s, and was stopped{where}"
             )
+            return False, WorkerFailure(call.rank, error, node, stack)
+        return result
 
     def submit(
         self,
@@ -85,12 +132,12 @@ class LocalWorkerGroup(WorkerGroup):
         *,
         collector: Collector | None = None,
         device_mesh: DeviceMesh | None = None,
-    ) -> LocalPendingCall:
+    ) -> PendingCall:
         if self.backend.closed:
             raise NotInitializedError(
-                f"{self.class_name}.{method}: this object belongs to a mode 'local' run that was "
-                "shut down; its workers and process groups are gone. Create it again after "
-                "initialize()"
+                f"{self.class_name}.{method}: this object belongs to run "
+                f"{self.backend.run_name!r}, which was shut down; its workers are gone. Create "
+                "the object again after initialize()"
             )
         if get_worker_context() is not None:
             return self._submit_nested(method, calls)
@@ -110,14 +157,18 @@ class LocalWorkerGroup(WorkerGroup):
                 f"workers of the same process can be called. Use execute='peer' with groups of "
                 "the same size, or make the call from the driver script"
             )
+        label = f"{self.class_name}.{method}"
+        info = CallInfo(
+            0, KIND_GATHER, label, "(inside a worker)", len(calls), threading.current_thread().name
+        )
         results, failures = [], []
         for call in calls:
-            ok, value = self._run(method, call)
+            ok, value = self._run(method, call, info)
             if ok:
                 results.append(copy.deepcopy(value) if self.backend.isolate else value)
             else:
                 failures.append(value)
-        return LocalPendingCall(results, failures, label=f"{self.class_name}.{method}")
+        return LocalPendingCall(results, failures, label=label)
 
     # ----------------------------------------------------------------- exchange
     def _submit_collective(
@@ -126,144 +177,42 @@ class LocalWorkerGroup(WorkerGroup):
         calls: list[WorkerCall],
         collector: Collector | None,
         mesh: DeviceMesh,
-    ) -> LocalPendingCall:
+    ) -> PendingCall:
+        backend = self.backend
         label = f"{self.class_name}.{method}"
-        backend = self.backend
-        if backend.broken is not None:  # an earlier exchange failed: neither run nor wait
-            return self._lost(label, calls, backend.broken)
-        me = backend.env.rank
-        mine = {
-            i: self._run(method, call)
-            for i, call in enumerate(calls)
-            if call.rank == me and self.holds_worker
-        }
         op = getattr(collector, "reduce_op", None)
-        try:
-            if op in REDUCE_OPS:
-                return self._exchange_reduce(label, calls, mine, op, mesh)
-            return self._exchange_gather(label, calls, mine)
-        except ChannelError as exc:  # a peer died or stopped answering within the timeout
-            return self._lost(label, calls, exc)
+        kind = KIND_REDUCE if op in REDUCE_OPS else KIND_GATHER
+        site = backend.call_site()
+        thread = threading.current_thread().name
+        ranks = [c.rank for c in calls]
+        with backend.lock:  # one call at a time in this process, exchanged in this order
+            backend.drain(self.method_timeout(method))
+            if backend.broken is not None:  # an earlier exchange failed: neither run nor wait
+                return backend.lost_outcome(
+                    CallInfo(0, kind, label, site, len(calls), thread), ranks, backend.broken
+                )
+            info = CallInfo(backend.next_sequence(), kind, label, site, len(calls), thread)
+            me = backend.env.rank
+            mine = None
+            if self.holds_worker:
+                for index, call in enumerate(calls):
+                    if call.rank == me:
+                        ok, value = self._run(method, call, info)
+                        mine = (index, ok, value)
+            reps = (
+                frozenset(representatives(list(range(len(calls))), mesh))
+                if kind == KIND_REDUCE
+                else frozenset()
+            )
+            exchange = Exchange(backend, info, ranks, mine, reps=reps, op=op, mesh=mesh)
+            exchange.start()
+            backend.enqueue(exchange)
+        return ExchangedCall(exchange)
 
-    def _exchange_gather(
-        self, label: str, calls: list[WorkerCall], mine: dict[int, tuple[bool, Any]]
-    ) -> LocalPendingCall:
-        backend = self.backend
-        results: list[Any] = [None] * len(calls)
-        failures: list[WorkerFailure] = []
-        if not backend.channel.distributed:
-            for i, (ok, value) in sorted(mine.items()):
-                if ok:
-                    results[i] = copy.deepcopy(value) if backend.isolate else value
-                else:
-                    failures.append(value)
-            return LocalPendingCall(results, failures, label=label)
-        entries = {
-            i: encode(ok, value, calls[i].rank, backend.node, label)
-            for i, (ok, value) in mine.items()
-        }
-        for index, blob in self._gather(label, calls, entries):
-            ok, value = decode(blob, calls[index].rank, backend.node_of(calls[index].rank), label)
-            if index in mine and (not mine[index][0] or not backend.isolate):
-                # This process's own failure keeps its traceback; its own result skips the copy.
-                ok, value = mine[index]
-            if ok:
-                results[index] = value
-            else:
-                failures.append(value)
-        return LocalPendingCall(results, failures, label=label)
 
-    def _gather(
-        self, label: str, calls: list[WorkerCall], entries: dict[int, Any]
-    ) -> list[tuple[int, Any]]:
-        """Exchange this process's entries; all processes' entries, checked for divergence."""
-        backend = self.backend
-        seq = backend.next_sequence()
-        gathered = backend.channel.all_gather((seq, label, len(calls), entries))
-        backend.check_same_call(gathered, seq, label, len(calls))
-        out = []
-        for _, _, _, theirs in gathered:
-            out.extend(theirs.items())
-        return sorted(out, key=lambda kv: kv[0])
+_ATOMS = (int, float, complex, str, bytes, bool, type(None))
 
-    def _exchange_reduce(
-        self,
-        label: str,
-        calls: list[WorkerCall],
-        mine: dict[int, tuple[bool, Any]],
-        op: str,
-        mesh: DeviceMesh,
-    ) -> LocalPendingCall:
-        """Sum/mean: share only failures and result specs, then all-reduce the numbers."""
-        backend = self.backend
-        reps = set(representatives(list(range(len(calls))), mesh))
-        entries: dict[int, Any] = {}
-        for i, (ok, value) in mine.items():
-            if not ok:
-                entries[i] = ("fail", encode(False, value, calls[i].rank, backend.node, label))
-            elif i in reps:
-                spec = numeric.numeric_spec(value)
-                if spec is None:  # not a number: send the object itself
-                    entries[i] = ("value", encode(True, value, calls[i].rank, backend.node, label))
-                else:
-                    entries[i] = ("spec", spec)
-        gathered = self._gather(label, calls, entries)
-        failures = []
-        for index, (kind, payload) in gathered:
-            if kind == "fail" and index in mine:
-                failures.append(mine[index][1])  # this process's own, with its traceback
-            elif kind in ("fail", "value"):
-                ok, value = decode(payload, calls[index].rank, backend.node, label)
-                if not ok:
-                    failures.append(value)
-        if failures:
-            return LocalPendingCall(None, failures, label=label)
-        specs = {i: p for i, (k, p) in gathered if k == "spec"}
-        if len(specs) == len(reps):
-            first = next(iter(specs.values()))
-            if all(numeric.same_spec(first, s) for s in specs.values()):
-                local = [mine[i][1] for i in sorted(reps) if i in mine]
-                buffers = backend.channel.all_reduce_sum(numeric.pack(local, first))
-                value = numeric.unpack(buffers, first, op, len(reps))
-                return LocalPendingCall(None, reduced=value, reduce_op=op, mesh=mesh, label=label)
-        # Mixed results: gather the numbers too and let the collector combine the objects.
-        return self._fallback_gather(label, calls, mine, gathered, reps, mesh)
 
-    def _fallback_gather(
-        self,
-        label: str,
-        calls: list[WorkerCall],
-        mine: dict[int, tuple[bool, Any]],
-        gathered: list[tuple[int, Any]],
-        reps: set[int],
-        mesh: DeviceMesh,
-    ) -> LocalPendingCall:
-        backend = self.backend
-        results: list[Any] = [None] * len(calls)
-        for index, (kind, payload) in gathered:
-            if kind == "value":
-                results[index] = decode(payload, calls[index].rank, backend.node, label)[1]
-        extra = {
-            i: encode(True, mine[i][1], calls[i].rank, backend.node, label)
-            for i, (kind, _) in gathered
-            if kind == "spec" and i in mine
-        }
-        failures = []
-        for index, blob in self._gather(label, calls, extra):
-            ok, value = decode(blob, calls[index].rank, backend.node, label)
-            if ok:
-                results[index] = value
-            else:
-                failures.append(value)
-        return LocalPendingCall(results, failures, mesh=mesh, label=label, partial=True)
-
-    def _lost(self, label: str, calls: list[WorkerCall], exc: BaseException) -> LocalPendingCall:
-        """A collective broke: every surviving process reports the same WorkerDiedError."""
-        backend = self.backend
-        backend.mark_broken(exc, label)
-        error = WorkerDiedError(backend.broken_message())
-        detail = f"{type(exc).__name__}: {exc}"
-        others = sorted({c.rank for c in calls if c.rank != backend.env.rank})
-        ranks = others or [backend.env.rank]
-        failures = [WorkerFailure(r, error, backend.node_of(r), detail) for r in ranks]
-        return LocalPendingCall(None, failures, label=label)
+def _immutable(args: tuple, kwargs: dict) -> bool:
+    """Whether the arguments are plain atoms (numbers, strings, None): nothing to copy."""
+    return all(type(a) in _ATOMS for a in args) and all(type(v) in _ATOMS for v in kwargs.values())

@@ -151,9 +151,12 @@ def run(mode: str, size: int = 2, **options) -> dict:
         solo = Solo(remote_group="solo")
         batch = [[1.0, 2.0], [3.0, 4.0], [5.0, 6.5]]
         lazy = w.tensor_mean(batch)
+        tensor_mean = lazy()
         out = {
+            # Under torchrun a call is done once every process reached it; after collecting it
+            # is done everywhere, as it is at once in mode 'inprocess'.
             "lazy_done": lazy.done(),
-            "tensor_mean": lazy(),
+            "tensor_mean": tensor_mean,
             "int_tensor_sum": w.int_tensor_sum([[1, 2], [3, 4], [5, 6]])(),
             "int_tensor_mean": w.int_tensor_mean([[1, 2], [3, 4], [5, 7]])(),
             "numpy_tree": w.numpy_tree(batch)(),

@@ -1,0 +1,499 @@
+"""One call's exchange between the processes of a torchrun job: one collective when all is well.
+
+Every exchange (a remote call, or the construction of a remote object) starts with the same
+collective: an all-gather of one fixed-size *slot* per process, so every process holds every
+slot (between two processes gloo does it in one step, as fast as an all-reduce of a single
+number; an all-reduce of more than one number takes two). A slot is a 32-byte header and a
+small inline payload:
+
+    kind u8 | flags u8 | workers u16 | length u32 | seq u64 | key u64 | spec u64 | payload
+
+- `seq`, `kind` and `key` (a hash of the method, the driver's call site and the number of
+  workers) identify the call: every process compares every slot with its own, so processes at
+  different calls (a call inside `if rank == 0:`, an extra call, another call site) all see the
+  difference at once and raise the same error naming each process's call and call site.
+- `flags` say whether the process's worker failed (FAILED), whether its payload did not fit
+  in the slot (BIG), and whether a result for `sum`/`mean` is not a number (OBJECT).
+- The payload is the pickled outcome (`collect='none'` & co), or for `sum`/`mean` the result's
+  numbers (int64 and float64), with `spec` the fingerprint of its structure (types, dtypes,
+  shapes, keys). The numbers are summed locally, in rank order, by every process.
+
+Since every process reads the same slots, every process takes the same decision: in the common
+case the call is complete after this one collective. Otherwise a second step follows, the same
+on every process: the payloads that did not fit (an all-gather of bytes, or an all-reduce of
+the numbers), the failures, the descriptions of diverging calls, or the objects of results that
+cannot be summed (the first call of each method also sends the structure of its result once,
+so every process can rebuild the value; later calls with the same structure are one
+collective).
+
+The first collective is started when the call is made and runs in gloo's thread; the call
+waits for it when collected (with the LazyCollect's or the method's timeout). Exchanges are
+finished strictly in the order they were started (the backend's lock and queue), so the second
+steps of all processes line up too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import pickle
+import struct
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from twinkle_core import DeviceMesh, TwinkleError
+from twinkle_core.plugin import PendingCall
+
+from . import numeric
+from .calls import LocalPendingCall, decode, encode
+from .channel import ChannelError
+
+if TYPE_CHECKING:
+    from .backend import LocalBackend
+
+KIND_GATHER, KIND_REDUCE, KIND_CONSTRUCT = 1, 2, 3
+KIND_NAMES = {KIND_GATHER: "gathered", KIND_REDUCE: "all-reduced", KIND_CONSTRUCT: "construct"}
+F_FAILED, F_BIG, F_OBJECT = 1, 2, 4
+
+HEADER = struct.Struct("<BBHIQQQ")  # kind, flags, ncalls, length, seq, key, spec
+HEADER_BYTES = HEADER.size
+KIND, FLAGS, NCALLS, LENGTH, SEQ, KEY, SPEC = range(7)
+_FLOAT = struct.Struct("<d")
+_INT = struct.Struct("<q")
+
+
+def slot_bytes(world_size: int) -> int:
+    """Bytes of one process's slot: smaller slots for larger worlds (the buffer is world x
+    slot), always room for the header and a few numbers."""
+    if world_size <= 32:
+        return 256
+    if world_size <= 256:
+        return 128
+    return 64
+
+
+_KEYS: dict[tuple, int] = {}
+
+
+def call_key(kind: int, label: str, site: str, ncalls: int) -> int:
+    """A 63-bit hash of what identifies a call, the same in every process (never 0)."""
+    parts = (kind, label, site, ncalls)
+    key = _KEYS.get(parts)
+    if key is None:
+        text = "\x00".join(str(p) for p in parts).encode()
+        key = (int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little") >> 1) or 1
+        if len(_KEYS) < 65536:
+            _KEYS[parts] = key
+    return key
+
+
+@dataclass(frozen=True)
+class CallInfo:
+    """What identifies one exchange, for the checks between processes and for messages."""
+
+    seq: int
+    kind: int
+    label: str
+    site: str
+    ncalls: int
+    thread: str
+
+    @property
+    def key(self) -> int:
+        return call_key(self.kind, self.label, self.site, self.ncalls)
+
+    def describe(self) -> str:
+        if self.kind == KIND_CONSTRUCT:
+            what = f"constructing {self.label}"
+        else:
+            what = f"{self.label} on {self.ncalls} worker(s), {KIND_NAMES.get(self.kind, '?')}"
+        return f"call #{self.seq} {what} from {self.site} (thread {self.thread!r})"
+
+
+#: This process's outcome of a call: (index of its call, ok, value or WorkerFailure), or None.
+Mine = tuple[int, bool, Any] | None
+
+
+class Exchange:
+    """The exchange of one call; `finish()` must be called in the order exchanges started."""
+
+    def __init__(
+        self,
+        backend: LocalBackend,
+        info: CallInfo,
+        ranks: list[int],
+        mine: Mine,
+        *,
+        reps: frozenset[int] = frozenset(),
+        op: str | None = None,
+        mesh: DeviceMesh | None = None,
+    ) -> None:
+        self.backend = backend
+        self.info = info
+        self.ranks = ranks  # process of each call, in call order
+        self.mine = mine
+        self.reps = reps
+        self.op = op
+        self.mesh = mesh
+        self.work: Any = None
+        self.buffer: Any = None  # every process's slot, once gathered (uint8 tensor)
+        self.data: Any = None  # the same as bytes
+        self.payload = b""
+        self.outcome: LocalPendingCall | None = None
+        self._spec: Any = None
+        self._finish_lock = threading.Lock()
+        #: Whether a wait for the other processes already gave up on this exchange.
+        self.timed_out = False
+
+    # ----------------------------------------------------------------- start
+    def start(self) -> None:
+        """Write this process's slot and start the first collective (never blocks on peers)."""
+        backend = self.backend
+        channel = backend.channel
+        info = self.info
+        flags, spec_key = 0, 0
+        mine = self.mine
+        if mine is not None:
+            index, ok, value = mine
+            rank = self.ranks[index]
+            if not ok:
+                flags |= F_FAILED
+                self.payload, _ = encode(False, value, rank, backend.node, info.label)
+            elif info.kind == KIND_REDUCE:
+                if index in self.reps:
+                    spec = numeric.numeric_spec(value)
+                    if spec is None:
+                        self.payload, ok = encode(True, value, rank, backend.node, info.label)
+                        flags |= F_OBJECT
+                        if not ok:
+                            payload = self.payload
+                            self.mine = (index, False, decode(payload, rank, None, info.label)[1])
+                    else:
+                        self._spec = spec
+                        spec_key = numeric.spec_key(spec)
+                        if spec.kind == "float" and isinstance(spec, numeric.Leaf):
+                            self.payload = _FLOAT.pack(value)
+                        else:
+                            ints, floats = numeric.flat_numbers(value, spec)
+                            self.payload = ints.tobytes() + floats.tobytes()
+            else:
+                self.payload, ok = encode(True, value, rank, backend.node, info.label)
+                if not ok:  # the result cannot be sent: this worker's failure, here too
+                    flags |= F_FAILED
+                    self.mine = (index, False, decode(self.payload, rank, None, info.label)[1])
+        slot = slot_bytes(channel.world_size)
+        length = len(self.payload)
+        if length > slot - HEADER_BYTES:
+            flags |= F_BIG
+        mine = bytearray(slot)
+        HEADER.pack_into(
+            mine, 0, info.kind, flags, info.ncalls, length, info.seq, info.key, spec_key
+        )
+        if length and not flags & F_BIG:
+            mine[HEADER_BYTES : HEADER_BYTES + length] = self.payload
+        self._slot = mine  # alive until the collective has read it
+        try:
+            self.buffer, self.work = channel.start_gather(mine)
+        except ChannelError as exc:
+            self._lost(exc)
+
+    # ----------------------------------------------------------------- state
+    @property
+    def finished(self) -> bool:
+        return self.outcome is not None
+
+    def arrived(self) -> bool:
+        """Whether the first collective is over (every process has reached this call)."""
+        return self.outcome is not None or self.work.is_completed()
+
+    def needs_second_step(self) -> bool:
+        """After `arrived()`: whether finishing needs another collective (never blocks)."""
+        if self.outcome is not None:
+            return False
+        heads = self._headers()
+        if not _same_call(heads, heads[self.backend.channel.rank]):
+            return True
+        capacity = slot_bytes(self.backend.channel.world_size) - HEADER_BYTES
+        if any(h[FLAGS] & F_FAILED for h in heads):
+            return any(h[FLAGS] & F_FAILED and h[LENGTH] > capacity for h in heads)
+        if self.info.kind == KIND_REDUCE:
+            fast, contributors, _ = self._fast_reduce(heads)
+            return not fast or any(heads[r][LENGTH] > capacity for r in contributors)
+        return any(h[LENGTH] > capacity for h in heads)
+
+    # ----------------------------------------------------------------- finish
+    def finish(self) -> LocalPendingCall:
+        """Complete the exchange (second step if needed) once the first collective is over.
+
+        Called by the backend in start order, with its lock held.
+        """
+        with self._finish_lock:
+            if self.outcome is not None:
+                return self.outcome
+            try:
+                self.work.wait()
+            except Exception as exc:
+                return self._lost(ChannelError(f"{type(exc).__name__}: {exc}"))
+            try:
+                self.outcome = self._decide()
+            except ChannelError as exc:
+                return self._lost(exc)
+            self.buffer = self.data = self.work = self._slot = None
+            self._heads = None
+            return self.outcome
+
+    def _lost(self, exc: BaseException) -> LocalPendingCall:
+        self.outcome = self.backend.lost_outcome(self.info, self.ranks, exc)
+        self.buffer = self.data = None
+        return self.outcome
+
+    def _headers(self) -> list[tuple]:
+        """Every process's header (kind, flags, ncalls, length, seq, key, spec), by rank."""
+        heads = getattr(self, "_heads", None)
+        if heads is None:
+            if self.data is None:
+                self.data = memoryview(self.buffer.numpy())
+            slot = slot_bytes(self.backend.channel.world_size)
+            data = self.data
+            heads = [
+                HEADER.unpack_from(data, r * slot) for r in range(self.backend.channel.world_size)
+            ]
+            self._heads = heads
+        return heads
+
+    def _inline(self, rank: int, length: int) -> bytes:
+        start = rank * slot_bytes(self.backend.channel.world_size) + HEADER_BYTES
+        return self.data[start : start + length].tobytes()
+
+    def _decide(self) -> LocalPendingCall:
+        heads = self._headers()
+        me = self.backend.channel.rank
+        if not _same_call(heads, heads[me]):
+            return self._diverged()
+        if any(h[FLAGS] & F_FAILED for h in heads):
+            return self._failures(heads)
+        if self.info.kind == KIND_REDUCE:
+            return self._reduced(heads)
+        return self._gathered(heads)
+
+    # ----------------------------------------------------------------- payloads
+    def _payloads(self, heads: list[tuple], ranks: list[int]) -> dict[int, bytes]:
+        """The payloads of `ranks`: from the slots, and an all-gather for those too big."""
+        capacity = slot_bytes(self.backend.channel.world_size) - HEADER_BYTES
+        out = {r: self._inline(r, heads[r][LENGTH]) for r in ranks if heads[r][LENGTH] <= capacity}
+        big = [r for r in ranks if heads[r][LENGTH] > capacity]
+        if big:
+            me = self.backend.channel.rank
+            size = max(heads[r][LENGTH] for r in big)
+            got = self.backend.channel.all_gather_bytes(self.payload if me in big else b"", size)
+            for r in big:
+                out[r] = got[r][: heads[r][LENGTH]]
+        return out
+
+    def _index_of(self, rank: int) -> int | None:
+        try:
+            return self.ranks.index(rank)
+        except ValueError:
+            return None
+
+    def _decode(self, rank: int, blob: bytes) -> tuple[bool, Any]:
+        backend = self.backend
+        index = self._index_of(rank)
+        worker_rank = self.ranks[index] if index is not None else rank
+        mine = self.mine
+        if (
+            rank == backend.channel.rank
+            and mine is not None
+            and (not mine[1] or not backend.isolate)
+        ):
+            # This process's own failure keeps its traceback; its result skips the copy.
+            return mine[1], mine[2]
+        note = self.info.kind != KIND_CONSTRUCT  # construction failures get their own note
+        return decode(blob, worker_rank, backend.node_of(worker_rank), self.info.label, note)
+
+    def _failures(self, heads: list[tuple]) -> LocalPendingCall:
+        failed = [r for r, h in enumerate(heads) if h[FLAGS] & F_FAILED]
+        payloads = self._payloads(heads, failed)
+        failures = []
+        for rank in failed:
+            ok, value = self._decode(rank, payloads[rank])
+            if not ok:
+                failures.append(value)
+        failures.sort(key=lambda f: f.rank)
+        return LocalPendingCall(None, failures, label=self.info.label)
+
+    def _gathered(self, heads: list[tuple]) -> LocalPendingCall:
+        senders = [r for r, h in enumerate(heads) if h[LENGTH]]
+        payloads = self._payloads(heads, senders)
+        results: list[Any] = [None] * len(self.ranks)
+        failures = []
+        for rank in senders:
+            index = self._index_of(rank)
+            ok, value = self._decode(rank, payloads[rank])
+            if not ok:
+                failures.append(value)
+            elif index is not None:
+                results[index] = value
+        return LocalPendingCall(results, failures, label=self.info.label)
+
+    # ----------------------------------------------------------------- sum / mean
+    def _fast_reduce(self, heads: list[tuple]) -> tuple[bool, list[int], Any]:
+        """Whether the numbers can be summed as they are: (yes, contributing ranks, spec)."""
+        contributors = [r for r, h in enumerate(heads) if h[SPEC]]
+        expected = len({self.ranks[i] for i in self.reps})
+        if (
+            not contributors
+            or len(contributors) != expected
+            or any(h[FLAGS] & F_OBJECT for h in heads)
+        ):
+            return False, contributors, None
+        first = heads[contributors[0]][SPEC]
+        if any(heads[r][SPEC] != first for r in contributors):
+            return False, contributors, None
+        spec = self.backend.spec_cache.get(first)
+        return spec is not None, contributors, spec
+
+    def _reduced(self, heads: list[tuple]) -> LocalPendingCall:
+        fast, contributors, spec = self._fast_reduce(heads)
+        if not fast:
+            return self._reduce_objects(heads)
+        count = len(self.reps)
+        slot = slot_bytes(self.backend.channel.world_size)
+        if all(heads[r][LENGTH] <= slot - HEADER_BYTES for r in contributors):
+            data = self.data
+            if isinstance(spec, numeric.Leaf) and spec.kind in ("int", "float"):
+                # One number: summed as a python number, in rank order on every process.
+                unpack = _INT.unpack_from if spec.kind == "int" else _FLOAT.unpack_from
+                total = unpack(data, contributors[0] * slot + HEADER_BYTES)[0]
+                for rank in contributors[1:]:
+                    total += unpack(data, rank * slot + HEADER_BYTES)[0]
+                value = total / count if self.op == "mean" else total
+            else:
+                sizes = numeric.buffer_sizes(spec)
+                n_int, n_float = sizes[numeric.INT64], sizes[numeric.FLOAT64]
+                ints = np.zeros(n_int, np.int64)
+                floats = np.zeros(n_float, np.float64)
+                for rank in contributors:  # rank order: the same sum in every process
+                    start = rank * slot + HEADER_BYTES
+                    if n_int:
+                        ints += np.frombuffer(data, np.int64, n_int, start)
+                    if n_float:
+                        floats += np.frombuffer(data, np.float64, n_float, start + 8 * n_int)
+                value = numeric.unpack_sums(ints, floats, spec, self.op, count)
+        else:  # too big for the slots: an all-reduce of the numbers themselves
+            local = [self.mine[2]] if self._spec is not None else []
+            buffers = self.backend.channel.all_reduce_sum(numeric.pack(local, spec))
+            value = numeric.unpack(buffers, spec, self.op, count)
+        return LocalPendingCall(
+            None, reduced=value, reduce_op=self.op, mesh=self.mesh, label=self.info.label
+        )
+
+    def _reduce_objects(self, heads: list[tuple]) -> LocalPendingCall:
+        """Results that cannot be summed as they are (not numbers, structures that differ, or
+        a structure not yet known everywhere): gather them for the collector, and remember a
+        structure every contributor shares so the next call is summed in place."""
+        backend = self.backend
+        mine = self.mine
+        sending = mine is not None and mine[1] and mine[0] in self.reps
+        entry: Any = None
+        if sending:
+            blob = self.payload
+            if self._spec is not None:
+                blob, _ = encode(True, mine[2], self.ranks[mine[0]], backend.node, self.info.label)
+            entry = (_safe_dumps(self._spec), blob)
+        gathered = backend.channel.all_gather(entry)
+        results: list[Any] = [None] * len(self.ranks)
+        failures, specs = [], []
+        for rank, item in enumerate(gathered):
+            if item is None:
+                continue
+            spec_blob, blob = item
+            index = self._index_of(rank)
+            ok, value = self._decode(rank, blob)
+            if not ok:
+                failures.append(value)
+            elif index is not None:
+                results[index] = value
+            specs.append(_safe_loads(spec_blob))
+        if specs and all(s is not None and numeric.same_spec(specs[0], s) for s in specs):
+            backend.spec_cache[numeric.spec_key(specs[0])] = specs[0]
+        return LocalPendingCall(
+            results, failures, mesh=self.mesh, label=self.info.label, partial=True
+        )
+
+    # ----------------------------------------------------------------- divergence
+    def _diverged(self) -> LocalPendingCall:
+        """Processes at different calls: every process raises the same error naming each
+        process's call and call site."""
+        described = self.backend.channel.all_gather(self.info.describe())
+        groups: dict[str, list[int]] = {}
+        for rank, text in enumerate(described):
+            groups.setdefault(str(text), []).append(rank)
+        where = "; ".join(
+            f"process{'es' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}: {text}"
+            for text, ranks in groups.items()
+        )
+        error = TwinkleError(
+            f"mode 'local': the torchrun processes diverged at exchange #{self.info.seq} "
+            f"({where}); every process must make the same remote calls in the same order "
+            "(do not call remote methods inside `if rank == ...` blocks of the driver script, "
+            "and make calls from several threads identical or in a fixed order)"
+        )
+        return LocalPendingCall(None, [], label=self.info.label, error=error)
+
+
+def _same_call(heads: list[tuple], mine: tuple) -> bool:
+    kind, ncalls, seq, key = mine[KIND], mine[NCALLS], mine[SEQ], mine[KEY]
+    return all(
+        h[KIND] == kind and h[NCALLS] == ncalls and h[SEQ] == seq and h[KEY] == key for h in heads
+    )
+
+
+def _safe_dumps(value: Any) -> bytes | None:
+    try:
+        return pickle.dumps(value)
+    except Exception:
+        return None
+
+
+def _safe_loads(blob: bytes | None) -> Any:
+    if blob is None:
+        return None
+    try:
+        return pickle.loads(blob)
+    except Exception:
+        return None
+
+
+class ExchangedCall(PendingCall):
+    """A call whose exchange was started: complete once every process has reached it.
+
+    `collect`/`wait` wait for the other processes at most `timeout` seconds (the
+    LazyCollect's, else the method's); a call that timed out can be collected again later.
+    """
+
+    def __init__(self, exchange: Exchange) -> None:
+        self.exchange = exchange
+
+    def _outcome(self, timeout: float | None) -> LocalPendingCall:
+        exchange = self.exchange
+        if exchange.outcome is None:
+            exchange.backend.wait_for(exchange, timeout)
+        assert exchange.outcome is not None
+        return exchange.outcome
+
+    def wait(self, timeout: float | None) -> list[Any]:
+        return self._outcome(timeout).wait(timeout)
+
+    def collect(self, collector: Any, device_mesh: DeviceMesh, timeout: float | None) -> Any:
+        return self._outcome(timeout).collect(collector, device_mesh, timeout)
+
+    def done(self) -> bool:
+        exchange = self.exchange
+        return exchange.outcome is not None or exchange.backend.try_finish(exchange)
+
+    def succeeded(self) -> bool:
+        outcome = self.exchange.outcome
+        return outcome is not None and outcome.succeeded()
