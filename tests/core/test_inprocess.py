@@ -449,3 +449,18 @@ def test_removed_ncpu_proc_per_node_is_a_clear_error():
 
     with pytest.raises(ConfigurationError, match=r"ncpu_proc_per_node=\.\.\.\) was removed"):
         initialize("inprocess", ncpu_proc_per_node=4)
+
+
+def test_a_timeout_error_raised_by_user_code_gets_the_call_site_in_its_message(run):
+    """TimeoutError is an OSError; with one string argument its message is that argument."""
+
+    @remote_class()
+    class Slow:
+        @remote_function(dispatch="all", collect="first")
+        def wait(self):
+            raise TimeoutError("the server did not answer")
+
+    with pytest.raises(TimeoutError) as info:
+        Slow(remote_group="g").wait()()
+    assert str(info.value).startswith("[twinkle driver caller: ")
+    assert str(info.value).endswith("the server did not answer")

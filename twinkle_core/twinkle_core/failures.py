@@ -145,11 +145,12 @@ def _message_is_args0(exc: BaseException) -> bool:
     argument changes the message and nothing else (not KeyError, OSError, multi-argument or
     custom `__str__` exceptions)."""
     args = exc.args
-    return (
-        len(args) == 1
-        and isinstance(args[0], str)
-        and type(exc).__str__ is BaseException.__str__
-    )
+    if len(args) != 1 or not isinstance(args[0], str):
+        return False
+    try:
+        return str(exc) == args[0]  # e.g. a TimeoutError("...") is an OSError without errno
+    except Exception:
+        return False
 
 
 def tag_call_site(exc: BaseException, site: object) -> BaseException:
@@ -162,7 +163,11 @@ def tag_call_site(exc: BaseException, site: object) -> BaseException:
     tag = CALLER_TAG.format(site=site)
     if _message_is_args0(exc):
         if not exc.args[0].startswith(tag):
+            original = exc.args
             exc.args = (f"{tag} {exc.args[0]}",)
+            if not str(exc).startswith(tag):  # a __str__ that does not show args[0]
+                exc.args = original
+                add_note(exc, tag)
         return exc
     if not exc.args and type(exc).__str__ is BaseException.__str__:
         exc.args = (tag,)
