@@ -31,6 +31,7 @@ from twinkle_ray.transfer import (
     RemoteArray,
     RemoteCollected,
     RemoteValue,
+    Stored,
     tensor_from_numpy,
     tensor_to_numpy,
 )
@@ -195,10 +196,14 @@ def test_chained_argument_reaches_each_consumer_as_its_own_producer_shard(run):
 )
 def test_chained_producer_results_never_reach_the_driver(run):
     producer, consumer = run["producer"], run["consumer"]
-    produced = producer.square(np.arange(8))
+    # Large enough (160 KB per producer worker) to stay in the object store: the driver
+    # fetches only the small envelopes that describe them.
+    produced = producer.square(np.arange(40_000))
     assert consumer.shift(produced)().tolist()[:2] == [0, 10]
     consumer.describe(np.arange(2))()  # another call: the runtime's bookkeeping runs again
-    assert produced.source.pending._values is None  # only the small metadata was fetched
+    pending = produced.source.pending
+    assert pending._values is None  # only the small metadata was fetched
+    assert all(isinstance(reply, Stored) for reply in pending._replies)
 
 
 def test_none_collected_results_stay_remote_and_arrive_as_a_list(run):

@@ -5,17 +5,20 @@ variables), checks it landed where the plan says, and only then builds the user'
 `torch.distributed.init_process_group()` inside the object's methods just works. The user's class
 is instantiated as `cls(*args, **kwargs)`: without `remote_group`, the `@remote_class` wrapper
 hands the arguments straight to the class's own `__init__`.
+
+Each user class gets its own actor class (`actor_class_for`) with one actor method per method of
+the user's class, so a call travels as `handle.<method>.remote(*args, **kwargs)`: exactly the
+arguments the user's method takes and nothing else (every extra argument of a Ray call costs
+serialization on both sides). Twinkle's own methods are named `_tw_*`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import socket
 import sys
-from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import ray
 
@@ -28,7 +31,10 @@ from twinkle_core.plugin import (
     set_process_worker_context,
 )
 
-from .transfer import materialize, register_tensor_serializer, result_meta
+from .transfer import materialize, pack_result, register_tensor_serializer
+
+#: Prefix of twinkle's own actor methods; user methods with it go through `_tw_call`.
+RESERVED_PREFIX = "_tw_"
 
 
 @dataclass(frozen=True)
@@ -61,9 +67,18 @@ class TwinkleActor:
         os.environ.update(boot.env)
         self.boot = boot
         self.instance: Any = None
+        self._refused: BaseException | None = None  # why `_tw_hello` failed, if it did
 
-    def hello(self) -> dict[str, Any]:
-        """Where this actor runs; fails when it is not on the planned node or devices."""
+    def _tw_hello(self) -> dict[str, Any]:
+        """Where this actor runs; fails when it is not on the planned node or devices (and
+        then `_tw_construct`, queued right behind it, refuses to build the user's object)."""
+        try:
+            return self._check_placement()
+        except BaseException as exc:
+            self._refused = exc
+            raise
+
+    def _check_placement(self) -> dict[str, Any]:
         ctx = ray.get_runtime_context()
         node_id = ctx.get_node_id()
         boot = self.boot
@@ -95,60 +110,78 @@ class TwinkleActor:
             "visible": visible,
         }
 
-    def free_port(self) -> tuple[str, int]:
+    def _tw_free_port(self) -> tuple[str, int]:
         """An address and free port on this node for the torch.distributed rendezvous."""
         return ray.util.get_node_ip_address(), free_port()
 
-    def construct(
+    def _tw_construct(
         self,
         master: tuple[str, int],
         ctx: WorkerContext,
         seed: int,
         full_determinism: bool,
         cls: type,
-        has_remote: bool,
-        kwnames: tuple[str, ...],
-        *values: Any,
+        /,
+        *args: Any,
+        **kwargs: Any,
     ) -> bool:
         """Build the user's object as worker `ctx.rank`, seeded like every fresh worker.
 
-        Arguments arrive flat (`*values`, the last `len(kwnames)` being keyword values) so Ray
-        resolves object refs among them before the call, fetching them concurrently.
+        The user's arguments are this call's own arguments, so Ray resolves object refs among
+        them (shared shards put once by the driver) before the call, fetching them concurrently.
         """
+        if self._refused is not None:
+            raise RuntimeError(
+                f"not constructing {self.boot.class_name}: this actor failed its start-up "
+                f"check ({type(self._refused).__name__}: {self._refused})"
+            )
         os.environ["MASTER_ADDR"] = master[0]
         os.environ["MASTER_PORT"] = str(master[1])
         set_process_worker_context(ctx)
         seed_everything(seed, full_determinism)
-        args, kwargs = _unflatten(values, kwnames, has_remote)
-        with _portable_errors("__init__", ctx.rank):
+        try:
             self.instance = cls(*args, **kwargs)
+        except BaseException as exc:
+            _raise_portable(exc, "__init__", ctx.rank)
         self._maybe_register_tensors()
         return True
 
-    def call(
-        self, method: str, has_remote: bool, kwnames: tuple[str, ...], *values: Any
-    ) -> tuple[Any, Any]:
-        """Run one method of the user's object; returns (value, small metadata about it)."""
-        args, kwargs = _unflatten(values, kwnames, has_remote)
-        with _portable_errors(method, self.boot.rank):
+    def _tw_run(self, method: str, args: tuple, kwargs: dict) -> Any:
+        """Run one method of the user's object; its result, large ones as a `Stored` envelope."""
+        try:
             value = getattr(self.instance, method)(*args, **kwargs)
-        self._maybe_register_tensors()
-        return value, result_meta(value)
+        except BaseException as exc:
+            _raise_portable(exc, method, self.boot.rank)
+        if not _tensors_registered:
+            self._maybe_register_tensors()
+        return pack_result(value)
 
-    def environment(self, names: list[str] | None = None) -> dict[str, str]:
+    def _tw_call(self, method: str, has_remote: bool, /, *args: Any, **kwargs: Any) -> Any:
+        """Any method by name; `has_remote` when the arguments hold remote placeholders
+        (results of another group, fetched here)."""
+        if has_remote:
+            args, kwargs = materialize((args, kwargs))
+        return self._tw_run(method, args, kwargs)
+
+    def _tw_environment(self, names: list[str] | None = None) -> dict[str, str]:
         """This process's environment (or the listed variables): for tests and debugging."""
         if names is None:
             return dict(os.environ)
         return {n: os.environ[n] for n in names if n in os.environ}
 
     def _maybe_register_tensors(self) -> None:
+        global _tensors_registered
         if "torch" in sys.modules:
             register_tensor_serializer()
+            _tensors_registered = True
 
 
-@contextlib.contextmanager
-def _portable_errors(method: str, rank: int) -> Iterator[None]:
-    """Let every exception user code raises reach the driver with its type.
+#: Whether this process already sends tensors as numpy buffers (checked once per call).
+_tensors_registered = False
+
+
+def _raise_portable(exc: BaseException, method: str, rank: int) -> NoReturn:
+    """Re-raise what user code raised so that it reaches the driver with its type.
 
     Ray rebuilds an exception on the driver by calling its class with its `args`, which fails
     for classes whose `__init__` takes other arguments (and pickling fails for ones holding a
@@ -156,25 +189,65 @@ def _portable_errors(method: str, rank: int) -> Iterator[None]:
     type. `SystemExit` and `KeyboardInterrupt` would end or cancel the actor: they become a
     `WorkerExitError` of this call.
     """
-    try:
-        yield
-    except Exception as exc:
+    if isinstance(exc, Exception):
         carried = portable_exception(exc, format_remote_traceback(exc))
         if carried is exc:
-            raise
+            raise exc
         raise carried.with_traceback(exc.__traceback__) from None
-    except (SystemExit, KeyboardInterrupt) as exc:
+    if isinstance(exc, (SystemExit, KeyboardInterrupt)):
         raise exit_error(exc, method, rank) from None
+    raise exc
 
 
-def flatten_call(args: tuple, kwargs: dict) -> tuple[tuple[str, ...], tuple]:
-    """(keyword names, positional values then keyword values): the wire form of a call."""
-    return tuple(kwargs), (*args, *kwargs.values())
+def _direct_method(name: str) -> Any:
+    def method(self: TwinkleActor, *args: Any, **kwargs: Any) -> Any:
+        return self._tw_run(name, args, kwargs)
+
+    method.__name__ = name
+    method.__qualname__ = f"TwinkleActor.{name}"
+    return method
 
 
-def _unflatten(values: tuple, kwnames: tuple[str, ...], has_remote: bool) -> tuple[tuple, dict]:
-    split = len(values) - len(kwnames)
-    args, kwargs = tuple(values[:split]), dict(zip(kwnames, values[split:], strict=True))
-    if has_remote:
-        args, kwargs = materialize((args, kwargs))
-    return args, kwargs
+def direct_method_names(cls: type) -> frozenset[str]:
+    """The methods of `cls` that get an actor method of their own.
+
+    Every callable attribute except dunders (iteration's `__next__` goes through `_tw_call`),
+    twinkle's reserved `_tw_*` names, and names the actor or an actor handle already has.
+    """
+    from ray.actor import ActorHandle
+
+    names = set()
+    for name in dir(cls):
+        if name.startswith("__") or name.startswith(RESERVED_PREFIX):
+            continue
+        if hasattr(TwinkleActor, name) or hasattr(ActorHandle, name):
+            continue
+        try:
+            attr = getattr(cls, name)
+        except Exception:
+            continue
+        if callable(attr) and not isinstance(attr, type):
+            names.add(name)
+    return frozenset(names)
+
+
+_class_names: dict[str, int] = {}
+
+
+def actor_class_for(cls: type) -> tuple[type, frozenset[str]]:
+    """A `TwinkleActor` subclass hosting `cls` (not yet `ray.remote`), and its direct methods.
+
+    Named after the user's class so Ray's logs and process titles read `Model.forward`; a
+    second class of the same name in this process gets a numbered name, because Ray tells
+    actor classes apart by module and name.
+    """
+    names = direct_method_names(cls)
+    base = cls.__name__
+    count = _class_names.get(base, 0) + 1
+    _class_names[base] = count
+    name = base if count == 1 else f"{base}_{count}"
+    body: dict[str, Any] = {n: _direct_method(n) for n in sorted(names)}
+    body["__module__"] = __name__
+    body["__qualname__"] = name
+    body["__doc__"] = f"Ray actor hosting one worker of {cls.__module__}.{cls.__qualname__}."
+    return type(name, (TwinkleActor,), body), names

@@ -20,6 +20,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from twinkle_core import CallTimeoutError, DeviceGroup, DeviceMesh, LazyCollect
 from twinkle_core.plugin import (
     ExecutionBackend,
+    WorkerCall,
     WorkerContext,
     WorkerGroup,
     WorkerPlacement,
@@ -28,25 +29,27 @@ from twinkle_core.plugin import (
     registered_names,
 )
 
-from .actor import ActorBoot, TwinkleActor, flatten_call
+from .actor import ActorBoot, actor_class_for
 from .cluster import ClusterConnection
 from .envvars import passthrough_patterns, select
 from .options import RayOptions
 from .resources import ClusterResourceError, ResourceManager, ceil_cpus, ray_request
 from .transfer import register_tensor_serializer, reset_tensor_serializer
-from .workers import RayPendingCall, RayWorkerGroup, Shipper
+from .workers import RayPendingCall, RayWorkerGroup, ship_all
 
 log = logging.getLogger("twinkle")
 
-_actor_class: Any = None
+#: user class -> (its Ray actor class, the methods it exposes directly); per connection.
+_actor_classes: dict[type, tuple[Any, frozenset[str]]] = {}
 
 
-def actor_class() -> Any:
-    """`TwinkleActor` as a Ray actor class (made once per process)."""
-    global _actor_class
-    if _actor_class is None:
-        _actor_class = ray.remote(TwinkleActor)
-    return _actor_class
+def actor_class(cls: type) -> tuple[Any, frozenset[str]]:
+    """The Ray actor class hosting workers of `cls` (made once per class and connection)."""
+    made = _actor_classes.get(cls)
+    if made is None:
+        hosting, direct = actor_class_for(cls)
+        made = _actor_classes[cls] = (ray.remote(hosting), direct)
+    return made
 
 
 def noset_variables() -> dict[str, str]:
@@ -140,6 +143,10 @@ class RayBackend(ExecutionBackend):
         if ray.is_initialized():
             for workers in groups:
                 workers.teardown("the run shut down")
+        for workers in groups:
+            # Ray leaks one socket per actor handle still alive at ray.shutdown() (the user's
+            # remote objects keep their group): drop the handles (docs/ray.md, Reliability).
+            workers.handles = []
             if self.resources is not None:
                 self.resources.release()
             try:
@@ -153,8 +160,7 @@ class RayBackend(ExecutionBackend):
                 pass
         self.resources = None
         if self.connection.connected_here:
-            global _actor_class
-            _actor_class = None  # bound to this connection's cluster
+            _actor_classes.clear()  # bound to this connection's cluster
             reset_tensor_serializer()
         self.connection.close()
         for var in self._set_env:
@@ -186,6 +192,7 @@ class RayBackend(ExecutionBackend):
             for s in slots
         ]
         args, kwargs = _resolve_lazies(args), _resolve_lazies(kwargs)
+        hosting, direct = actor_class(cls)
         workers = RayWorkerGroup(
             group,
             device_mesh,
@@ -194,6 +201,7 @@ class RayBackend(ExecutionBackend):
             placements,
             config.name,
             restartable=opts.restarts(group.name),
+            direct=direct,
         )
         self.worker_groups.append(workers)
 
@@ -206,7 +214,7 @@ class RayBackend(ExecutionBackend):
                 # bounded by placement_timeout; the user's constructor keeps start_timeout.
                 resources.check_standing(group.name, slots)
                 hello_timeout = min(timeout, opts.placement_timeout)
-            workers.handles = self._spawn(cls, group, slots, f"{instance}.{generation}")
+            workers.handles = self._spawn(hosting, cls, group, slots, f"{instance}.{generation}")
             try:
                 self._start(workers, slots, cls, args, kwargs, config, timeout, hello_timeout)
             except BaseException:
@@ -222,7 +230,9 @@ class RayBackend(ExecutionBackend):
             workers.restarter = spawn
         return workers
 
-    def _spawn(self, cls: type, group: DeviceGroup, slots: list, instance: str) -> list[Any]:
+    def _spawn(
+        self, hosting: Any, cls: type, group: DeviceGroup, slots: list, instance: str
+    ) -> list[Any]:
         """One actor per slot, each with its environment; returns the handles at once."""
         config = self.config
         assert config is not None
@@ -259,7 +269,7 @@ class RayBackend(ExecutionBackend):
                     slot.pg, placement_group_bundle_index=slot.bundle_index
                 ),
             }
-            handles.append(actor_class().options(**options).remote(boot))
+            handles.append(hosting.options(**options).remote(boot))
         return handles
 
     def _start(
@@ -271,29 +281,17 @@ class RayBackend(ExecutionBackend):
         constructor runs) by `hello_timeout` when given.
         """
         deadline = time.monotonic() + timeout
+        handles = workers.handles
+        ranks = list(range(len(slots)))
         hello = RayPendingCall(
-            workers,
-            "__init__ (start-up)",
-            list(range(len(slots))),
-            [h.hello.remote() for h in workers.handles],
-            [],
+            workers, "__init__ (start-up)", ranks, [h._tw_hello.remote() for h in handles]
         )
-        port_ref = workers.handles[0].free_port.remote()
-        try:
-            _raise_first(hello, min(timeout, hello_timeout or timeout), "start")
-        except CallTimeoutError as exc:
-            if hello_timeout is None or hello_timeout >= timeout:
-                raise
-            raise ClusterResourceError(
-                f"the actors of group {workers.group.name!r} ({workers.class_name}) did not "
-                f"start within placement_timeout={hello_timeout:g}s in the bundles the run "
-                f"already holds, so their node is most likely gone ({exc})"
-            ) from None
-        master = ray.get(port_ref, timeout=max(1.0, deadline - time.monotonic()))
-        shipper = Shipper([(args, kwargs), (args, kwargs)])  # every worker: one copy
-        kwnames, values = flatten_call(*shipper.ship_call(args, kwargs))
+        # Queued right behind each actor's check, so the constructors start without another
+        # round trip: rank 0's free port reaches every constructor as an object ref.
+        master = handles[0]._tw_free_port.remote()
+        shipped = ship_all([WorkerCall(r, args, kwargs) for r in ranks])
         refs = []
-        for slot, handle in zip(slots, workers.handles, strict=True):
+        for slot, handle, (a, k) in zip(slots, handles, shipped, strict=True):
             ctx = WorkerContext(
                 rank=slot.rank,
                 world_size=slot.world_size,
@@ -312,11 +310,21 @@ class RayBackend(ExecutionBackend):
                 ),
             )
             refs.append(
-                handle.construct.remote(
-                    master, ctx, config.seed, config.full_determinism, cls, False, kwnames, *values
+                handle._tw_construct.remote(
+                    master, ctx, config.seed, config.full_determinism, cls, *a, **k
                 )
             )
-        construct = RayPendingCall(workers, "__init__", list(range(len(slots))), refs, [])
+        construct = RayPendingCall(workers, "__init__", ranks, refs)
+        try:
+            _raise_first(hello, min(timeout, hello_timeout or timeout), "start")
+        except CallTimeoutError as exc:
+            if hello_timeout is None or hello_timeout >= timeout:
+                raise
+            raise ClusterResourceError(
+                f"the actors of group {workers.group.name!r} ({workers.class_name}) did not "
+                f"start within placement_timeout={hello_timeout:g}s in the bundles the run "
+                f"already holds, so their node is most likely gone ({exc})"
+            ) from None
         _raise_first(construct, max(1.0, deadline - time.monotonic()), "construct")
 
     # ------------------------------------------------------------------ facts

@@ -4,6 +4,11 @@
   protocol 5, zero-copy into the object store), where a pickled tensor copies its whole storage
   through pickle, and a view would drag its base storage along. The receiver gets a writable
   tensor of the original dtype, shape, device and `requires_grad`.
+- A result travels as itself when it is small (Ray inlines it in the task's reply, so the
+  driver has it anyway). A large one (an array or tensor of `STORE_BYTES` or more, or a
+  dict/list/tuple holding one) is put in the object store by the worker, and the reply carries
+  a `Stored` envelope: its `ResultMeta` and the ref. The driver learns what it needs to hand the
+  result to another group (kind, length, dtype) without fetching it.
 - Remote placeholders stand for results that stay in the object store: a consumer worker
   fetches exactly the producer results it needs (`materialize`), the driver never does.
 """
@@ -92,6 +97,92 @@ class ResultMeta:
     dtype: str = ""
 
 
+#: Results this large (bytes of array data) are put in the object store by the worker and
+#: travel as a `Stored` envelope; smaller ones are returned as they are. Ray inlines return
+#: values below 100 KiB in the task's reply, so below this size there is nothing to keep away
+#: from the driver.
+STORE_BYTES = 100 * 1024
+
+#: Types returned as they are without looking further.
+_PLAIN = frozenset({type(None), bool, int, float, complex, str, bytes})
+
+
+class Stored:
+    """A large result left in the object store by the worker that made it, with its metadata.
+
+    The worker owns the stored object, so it lives as long as that worker (and anyone holding
+    the envelope or the ref) does.
+    """
+
+    __slots__ = ("meta", "ref")
+
+    def __init__(self, meta: ResultMeta, ref: Any) -> None:
+        self.meta = meta
+        self.ref = ref
+
+    def __reduce__(self):
+        return (Stored, (self.meta, self.ref))
+
+    def __repr__(self) -> str:
+        return f"<Stored {self.meta.kind} len={self.meta.length}>"
+
+
+def _array_bytes(value: Any) -> int:
+    """Bytes of array data in `value` (an ndarray or a tensor), 0 for anything else."""
+    if isinstance(value, np.ndarray):
+        return int(value.nbytes)
+    if type(value).__module__.split(".", 1)[0] == "torch" and hasattr(value, "element_size"):
+        try:
+            return int(value.numel()) * int(value.element_size())
+        except Exception:
+            return 0
+    return 0
+
+
+#: How many items of a dict/list/tuple result are looked at for large arrays.
+_SCAN_ITEMS = 64
+
+
+def is_large(value: Any) -> bool:
+    """Whether a result should stay in the object store: an array of `STORE_BYTES` or more,
+    or a dict/list/tuple whose first items hold that many bytes of arrays."""
+    kind = type(value)
+    if kind in _PLAIN:
+        return False
+    if kind is dict or kind is list or kind is tuple:
+        items = value.values() if kind is dict else value
+        total = 0
+        for i, item in enumerate(items):
+            if i >= _SCAN_ITEMS:
+                break
+            total += _array_bytes(item)
+            if total >= STORE_BYTES:
+                return True
+        return False
+    return _array_bytes(value) >= STORE_BYTES
+
+
+def pack_result(value: Any) -> Any:
+    """What a worker returns for `value`: the value itself, or a `Stored` envelope."""
+    if is_large(value):
+        return Stored(result_meta(value), ray.put(value))
+    return value
+
+
+def unpack(value: Any) -> Any:
+    """The result itself, fetching it when `value` is a `Stored` envelope."""
+    if type(value) is Stored:
+        return ray.get(value.ref)
+    return value
+
+
+def meta_of(value: Any) -> ResultMeta:
+    """The metadata of a fetched reply: the envelope's, or computed from a small value."""
+    if type(value) is Stored:
+        return value.meta
+    return result_meta(value)
+
+
 def result_meta(value: Any) -> ResultMeta:
     if isinstance(value, np.ndarray) and value.ndim >= 1:
         return ResultMeta("ndarray", int(value.shape[0]), str(value.dtype))
@@ -115,7 +206,7 @@ class RemoteValue:
         self.ref = ref
 
     def fetch(self) -> Any:
-        return ray.get(self.ref)
+        return unpack(ray.get(self.ref))
 
     def __reduce__(self):
         return (RemoteValue, (self.ref,))
@@ -135,7 +226,7 @@ class RemoteCollected:
         self.mesh = mesh
 
     def fetch(self) -> Any:
-        return self.collector.collect(ray.get(list(self.refs)), self.mesh)
+        return self.collector.collect(_fetch_all(list(self.refs)), self.mesh)
 
     def __reduce__(self):
         return (RemoteCollected, (self.refs, self.collector, self.mesh))
@@ -175,7 +266,7 @@ class RemoteArray:
         return RemoteArray(parts, self.kind)
 
     def fetch(self) -> Any:
-        values = ray.get([ref for ref, _, _ in self.parts])
+        values = _fetch_all([ref for ref, _, _ in self.parts])
         pieces = [v[a:b] for v, (_, a, b) in zip(values, self.parts, strict=True)]
         if self.kind == "tensor":
             import torch
@@ -190,6 +281,16 @@ class RemoteArray:
 
     def __repr__(self) -> str:
         return f"<RemoteArray {self.kind} len={len(self)} parts={len(self.parts)}>"
+
+
+def _fetch_all(refs: list) -> list[Any]:
+    """The results behind `refs` (task replies), envelopes opened with one more `ray.get`."""
+    values = ray.get(refs)
+    stored = [i for i, v in enumerate(values) if type(v) is Stored]
+    if stored:
+        for i, inner in zip(stored, ray.get([values[i].ref for i in stored]), strict=True):
+            values[i] = inner
+    return values
 
 
 PLACEHOLDERS = (RemoteValue, RemoteCollected, RemoteArray)

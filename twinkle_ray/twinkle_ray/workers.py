@@ -1,14 +1,21 @@
 """The workers of one remote class on Ray, and calls in flight on them.
 
 `RayWorkerGroup` holds one actor handle per worker and is picklable, so a driver object passed
-into another group's worker can be called from there. `RayPendingCall` waits on all workers
-together and fails fast: the first failure (or a dead actor) raises at once, with every failure
-known at that moment, and a dead actor tears its whole group down.
+into another group's worker can be called from there. A call is one actor task per worker with
+exactly the user's arguments (`handle.<method>.remote(...)`) and one return value.
+
+`RayPendingCall` collects all workers with one `ray.get` of the list, which raises as soon as
+any worker failed (fail fast); only then are the workers looked at one by one: every failure
+known at that moment is raised together (ranks failing within `FAILURE_GRACE_SECONDS` of each
+other are grouped), and failures arriving later are added as notes to the exception already
+raised. A dead actor tears its whole group down. Completion is tracked with callbacks, so
+`done()` costs no Ray call.
 """
 
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 from collections import Counter
@@ -19,6 +26,7 @@ import ray.exceptions as rex
 
 from twinkle_core import CallTimeoutError, DeviceGroup, DeviceMesh, LazyCollect, WorkerDiedError
 from twinkle_core.plugin import (
+    CompletedCall,
     ConcatCollector,
     FirstCollector,
     MeanCollector,
@@ -30,17 +38,20 @@ from twinkle_core.plugin import (
     WorkerGroup,
     WorkerPlacement,
     WorkersFailedError,
+    add_note,
     format_remote_traceback,
     rebuilt,
     representatives,
 )
 
-from .actor import flatten_call
+from .actor import RESERVED_PREFIX
 from .transfer import (
     RemoteArray,
     RemoteCollected,
     RemoteValue,
     ResultMeta,
+    Stored,
+    meta_of,
     register_tensor_serializer,
 )
 
@@ -81,8 +92,15 @@ def _is_small(value: Any) -> bool:
     return isinstance(value, (str, bytes)) and len(value) < 1024
 
 
-#: After the first failure of a call, how long to look for other ranks failing at the same time.
-FAILURE_GRACE_SECONDS = 0.25
+#: After the first failure of a call, how long to keep looking for other ranks failing with
+#: it: each further completion within this window extends the look by as much again, up to
+#: `FAILURE_GRACE_MAX_SECONDS` in all. Ranks failing together (a bad batch, a shared bug) fail
+#: within milliseconds of each other; a rank still running is not waited for.
+FAILURE_GRACE_SECONDS = 0.02
+FAILURE_GRACE_MAX_SECONDS = 0.04
+
+#: Whether this Ray can call back when an object exists without fetching it.
+_HAS_ON_READY = hasattr(ray.ObjectRef, "_on_ready")
 
 
 class Shipper:
@@ -112,8 +130,28 @@ class Shipper:
         return tuple(self.ship(a) for a in args), {k: self.ship(v) for k, v in kwargs.items()}
 
 
+def ship_all(calls: list[WorkerCall]) -> list[tuple[tuple, dict]]:
+    """Each call's arguments, objects shared between calls put in the object store once."""
+    shared = False
+    if len(calls) > 1:
+        seen: set[int] = set()
+        for call in calls:
+            for v in (*call.args, *call.kwargs.values()):
+                if not _is_small(v):
+                    if id(v) in seen:
+                        shared = True
+                        break
+                    seen.add(id(v))
+            if shared:
+                break
+    if not shared:
+        return [(c.args, c.kwargs) for c in calls]
+    shipper = Shipper([(c.args, c.kwargs) for c in calls])
+    return [shipper.ship_call(c.args, c.kwargs) for c in calls]
+
+
 class RayPendingCall(PendingCall):
-    """One method running on some actors: value refs plus small metadata refs per worker."""
+    """One method running on some actors: one result ref per worker."""
 
     def __init__(
         self,
@@ -121,130 +159,252 @@ class RayPendingCall(PendingCall):
         method: str,
         ranks: list[int],
         value_refs: list[ray.ObjectRef],
-        meta_refs: list[ray.ObjectRef],
+        generation: int = 0,
     ) -> None:
         self.workers = workers
         self.method = method
         self.ranks = ranks
+        #: One ref per worker: the worker's reply (its result, or a `Stored` envelope).
         self.value_refs = value_refs
-        self.meta_refs = meta_refs
+        self.generation = generation
         self._failures: list[WorkerFailure] | None = None
+        self._replies: list[Any] | None = None  # what the refs hold, envelopes unopened
         self._values: list[Any] | None = None
-        self._metas: list[ResultMeta] | None = None
-        self._finished = False
+        self._checked: dict[int, Any] = {}  # replies of finished workers, fetched by done()
         self._lock = threading.Lock()
+        self._ready: list[int] | None = None
+        if _HAS_ON_READY:
+            ready: list[int] = []
+            for i, ref in enumerate(value_refs):
+                ref._on_ready(lambda exc, i=i: ready.append(i))
+            self._ready = ready
 
-    # ------------------------------------------------------------------ waiting
-    def _await(self, refs: list[ray.ObjectRef], timeout: float | None) -> list[Any]:
-        """All values of `refs`, failing on the first failure and at the deadline."""
-        if self._failures:
-            raise WorkersFailedError(self._failures)
-        index = {ref: i for i, ref in enumerate(refs)}
-        values: list[Any] = [None] * len(refs)
-        remaining = list(refs)
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while remaining:
-            wait_for = None if deadline is None else max(0.0, deadline - time.monotonic())
-            ready, remaining = ray.wait(
-                remaining, num_returns=1, timeout=wait_for, fetch_local=False
-            )
-            if not ready:
-                running = [self.ranks[index[r]] for r in remaining]
-                raise CallTimeoutError(
-                    f"{self.workers.class_name}.{self.method} on group "
-                    f"{self.workers.group.name!r} did not finish within {timeout:g}s; "
-                    f"ranks still running: {running}"
-                )
-            if remaining:
-                more, remaining = ray.wait(
-                    remaining, num_returns=len(remaining), timeout=0, fetch_local=False
-                )
-                ready += more
-            failures, failed = [], []
-            for ref in ready:
-                try:
-                    values[index[ref]] = ray.get(ref)
-                except Exception as exc:
-                    failed.append(index[ref])
-                    failures.append(self.workers.failure(self.ranks[index[ref]], exc))
-            if failures and remaining:
-                # Ranks failing together (a bad batch, a shared bug) usually fail within
-                # milliseconds of each other: a short, bounded look lets the error list them
-                # all, as the in-process reference does, without waiting for the others.
-                late, remaining = ray.wait(
-                    remaining,
-                    num_returns=len(remaining),
-                    timeout=FAILURE_GRACE_SECONDS,
-                    fetch_local=False,
-                )
-                for ref in late:
-                    try:
-                        values[index[ref]] = ray.get(ref)
-                    except Exception as exc:
-                        failed.append(index[ref])
-                        failures.append(self.workers.failure(self.ranks[index[ref]], exc))
-            if failures:
-                self._mark_handled(failed)
-                self._failures = sorted(failures, key=lambda f: f.rank)
-                self.workers.on_failures(self._failures)
-                raise WorkersFailedError(self._failures)
-        return values
-
-    def _mark_handled(self, indices: list[int]) -> None:
-        """Fetch the twin refs of failed calls so Ray does not log them as unhandled errors."""
-        for i in indices:
-            for refs in (self.value_refs, self.meta_refs):
-                if i < len(refs):
-                    try:
-                        ray.get(refs[i], timeout=0)
-                    except Exception:
-                        pass
-
-    def wait(self, timeout: float | None) -> list[Any]:
-        with self._lock:
-            if self._values is None:
-                self._values = self._await(self.value_refs, timeout)
-            return self._values
-
-    def wait_meta(self, timeout: float | None) -> list[ResultMeta]:
-        """The results' metadata only (nothing large reaches the driver); fails like `wait`."""
-        with self._lock:
-            if self._metas is None:
-                self._metas = self._await(self.meta_refs, timeout)
-            return self._metas
+    # ------------------------------------------------------------------ state
+    def _finished(self) -> list[int]:
+        """Indices of the workers known to have finished (successfully or not)."""
+        if self._ready is not None:
+            return list(self._ready)
+        refs = self.value_refs
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)
+        where = {ref: i for i, ref in enumerate(refs)}
+        return [where[r] for r in ready]
 
     def done(self) -> bool:
-        if self._finished or self._values is not None or self._failures:
+        if self._replies is not None or self._failures:
             return True
-        ready, _ = ray.wait(
-            self.meta_refs, num_returns=len(self.meta_refs), timeout=0, fetch_local=False
-        )
-        if len(ready) == len(self.meta_refs):
-            self._finished = True
-            return True
-        for ref in ready:
+        n = len(self.value_refs)
+        if self._ready is not None:
+            count = len(self._ready)
+            if count >= n:
+                return True
+            if count == 0:
+                return False
+            finished = list(self._ready)
+        else:
+            finished = self._finished()
+            if len(finished) == n:
+                return True
+        # Some finished, some still run: a failure among the finished means waiting would
+        # raise at once (fail fast), so the call counts as done.
+        for i in finished:
+            if i in self._checked:
+                if self._checked[i] is _FAILED:
+                    return True
+                continue
             try:
-                ray.get(ref)
+                self._checked[i] = ray.get(self.value_refs[i], timeout=0)
             except Exception:
+                self._checked[i] = _FAILED
                 return True
         return False
 
     def succeeded(self) -> bool:
-        """True when every worker finished without error, known without fetching the results."""
+        """True when every worker finished without error; fetches only the replies (small:
+        large results stay in the object store), never waits."""
         if self._failures:
             return False
-        if self._metas is not None or self._values is not None:
+        if self._replies is not None:
             return True
         if not self.done() or not self._lock.acquire(blocking=False):
             return False  # still running, or another thread is collecting it right now
         try:
-            if self._metas is None:
-                self._metas = self._await(self.meta_refs, 0)
+            self._fetch_replies(0)
         except Exception:
             return False
         finally:
             self._lock.release()
         return True
+
+    # ------------------------------------------------------------------ waiting
+    def wait(self, timeout: float | None) -> list[Any]:
+        with self._lock:
+            if self._values is None:
+                deadline = None if timeout is None else time.monotonic() + timeout
+                replies = self._fetch_replies(timeout)
+                self._values = self._open(replies, deadline)
+            return self._values
+
+    def wait_meta(self, timeout: float | None) -> list[ResultMeta]:
+        """The results' metadata only (large results stay in the object store); fails like
+        `wait`."""
+        with self._lock:
+            return [meta_of(reply) for reply in self._fetch_replies(timeout)]
+
+    def _fetch_replies(self, timeout: float | None) -> list[Any]:
+        """Every worker's reply: one `ray.get` of the list, which fails fast."""
+        if self._replies is not None:
+            return self._replies
+        if self._failures:
+            raise WorkersFailedError(self._failures)
+        try:
+            replies = ray.get(self.value_refs, timeout=timeout)
+        except rex.GetTimeoutError:
+            if not self._failed_among_finished():
+                finished = set(self._finished())
+                running = [r for i, r in enumerate(self.ranks) if i not in finished]
+                raise CallTimeoutError(
+                    f"{self.workers.class_name}.{self.method} on group "
+                    f"{self.workers.group.name!r} did not finish within {timeout:g}s; "
+                    f"ranks still running: {running}"
+                ) from None
+            self._raise_failures()
+        except Exception:
+            self._raise_failures()
+        self._replies = replies
+        return replies
+
+    def _failed_among_finished(self) -> bool:
+        for i in self._finished():
+            try:
+                ray.get(self.value_refs[i], timeout=0)
+            except rex.GetTimeoutError:
+                continue
+            except Exception:
+                return True
+        return False
+
+    def _open(self, replies: list[Any], deadline: float | None) -> list[Any]:
+        """The results, envelopes of large ones opened (one more `ray.get` for all of them)."""
+        stored = [i for i, reply in enumerate(replies) if type(reply) is Stored]
+        if not stored:
+            return replies
+        values = list(replies)
+        refs = [replies[i].ref for i in stored]
+        timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+        try:
+            inner = ray.get(refs, timeout=timeout)
+        except rex.GetTimeoutError:
+            raise CallTimeoutError(
+                f"{self.workers.class_name}.{self.method} on group {self.workers.group.name!r}: "
+                f"its results could not be fetched within {timeout:g}s"
+            ) from None
+        except Exception:
+            failures = []
+            for i, ref in zip(stored, refs, strict=True):
+                try:
+                    ray.get(ref, timeout=0)
+                except Exception as exc:
+                    failures.append(self.workers.failure(self.ranks[i], exc))
+            if not failures:
+                raise
+            self._failures = failures
+            self.workers.on_failures(failures, self.generation)
+            raise WorkersFailedError(failures) from None
+        for i, value in zip(stored, inner, strict=True):
+            values[i] = value
+        return values
+
+    def _raise_failures(self) -> None:
+        """Collect every failure known now (and those arriving within the grace), raise them.
+
+        Workers still running are watched: when one of them fails later, its failure is added
+        as a note to the exception raised now.
+        """
+        refs = self.value_refs
+        failures: list[WorkerFailure] = []
+
+        def harvest(indices: list[int]) -> list[int]:
+            running = []
+            for i in indices:
+                try:
+                    ray.get(refs[i], timeout=0)
+                except rex.GetTimeoutError:
+                    running.append(i)
+                except Exception as exc:
+                    failures.append(self.workers.failure(self.ranks[i], exc))
+            return running
+
+        running = harvest(list(range(len(refs))))
+        end = time.monotonic() + FAILURE_GRACE_MAX_SECONDS
+        while running and time.monotonic() < end:
+            step = min(FAILURE_GRACE_SECONDS, max(0.0, end - time.monotonic()))
+            ready, _ = ray.wait(
+                [refs[i] for i in running], num_returns=1, timeout=step, fetch_local=False
+            )
+            if not ready and failures:
+                break
+            running = harvest(running)
+        if not failures:
+            raise RuntimeError(
+                f"{self.workers.class_name}.{self.method}: Ray reported a failure that no "
+                "worker's result shows"
+            )
+        self._failures = sorted(failures, key=lambda f: f.rank)
+        self.workers.on_failures(self._failures, self.generation)
+        if running:
+            _late_failures.watch(self, running, self._failures[0])
+        raise WorkersFailedError(self._failures)
+
+
+_FAILED = object()
+
+
+class LateFailures:
+    """Adds a note to an exception already raised when another rank of its call fails later.
+
+    Completion callbacks only queue the finished worker (they run on Ray's own thread, where
+    fetching is not allowed); one daemon thread, started on first use, looks at the result.
+    """
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def watch(self, pending: RayPendingCall, indices: list[int], first: WorkerFailure) -> None:
+        if not _HAS_ON_READY:
+            return
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._run, name="twinkle-late-failures", daemon=True
+                )
+                self._thread.start()
+        raised_at = time.monotonic()
+        for i in indices:
+            item = (pending, i, first, raised_at)
+            pending.value_refs[i]._on_ready(lambda exc, item=item: self._queue.put(item))
+
+    def _run(self) -> None:
+        while True:
+            pending, i, first, raised_at = self._queue.get()
+            try:
+                ray.get(pending.value_refs[i], timeout=0)
+            except Exception as exc:
+                try:
+                    late = pending.workers.failure(pending.ranks[i], exc)
+                    node = f" on node {late.node}" if late.node else ""
+                    add_note(
+                        first.exception,
+                        f"twinkle: rank {late.rank}{node} also failed, "
+                        f"{time.monotonic() - raised_at:.2f}s after this error was raised: "
+                        f"{type(late.exception).__name__}: {late.exception}",
+                    )
+                except Exception as note_error:  # never let the watcher die
+                    log.debug("twinkle: could not note a late failure: %s", note_error)
+
+
+_late_failures = LateFailures()
 
 
 class RayWorkerGroup(WorkerGroup):
@@ -259,26 +419,48 @@ class RayWorkerGroup(WorkerGroup):
         placements: list[WorkerPlacement],
         run_name: str,
         restartable: bool = False,
+        direct: frozenset[str] = frozenset(),
     ) -> None:
         super().__init__(group, device_mesh, class_name, len(placements), placements)
-        self.handles = handles
         self.run_name = run_name
         self.restartable = restartable
+        #: Methods the actors expose under their own name (see `actor.actor_class_for`).
+        self.direct = direct
         #: Driver-side only: rebuilds every actor of the group (set by the backend).
         self.restarter: Any = None
         self.restarts = 0
         self.torn_down: str | None = None
         self._local = threading.local()
+        self._methods: dict[tuple[int, str], Any] = {}
+        self.handles = handles
+
+    @property
+    def handles(self) -> list[Any]:
+        return self._handles
+
+    @handles.setter
+    def handles(self, handles: list[Any]) -> None:
+        self._handles = handles
+        self._methods = {}  # bound to the previous actors
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state.pop("_local", None)
+        state["_methods"] = {}
         state["restarter"] = None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._local = threading.local()
+
+    def actor_method(self, rank: int, method: str) -> Any:
+        """The Ray actor method that runs `method` on worker `rank` (cached per handle)."""
+        key = (rank, method)
+        bound = self._methods.get(key)
+        if bound is None:
+            bound = self._methods[key] = getattr(self._handles[rank], method)
+        return bound
 
     # ------------------------------------------------------------------ failures
     def node_of(self, rank: int) -> str | None:
@@ -314,9 +496,16 @@ class RayWorkerGroup(WorkerGroup):
             )
         return WorkerFailure(rank, exc, node, format_remote_traceback(exc))
 
-    def on_failures(self, failures: list[WorkerFailure]) -> None:
+    def on_failures(self, failures: list[WorkerFailure], generation: int | None = None) -> None:
+        """Tear the group down (and restart it when configured) after a worker died.
+
+        A call made before the last restart (`generation` older than `restarts`) reports its
+        own deaths but leaves the rebuilt group alone.
+        """
         died = [f for f in failures if isinstance(f.exception, WorkerDiedError)]
         if not died or self.torn_down is not None:
+            return
+        if generation is not None and generation != self.restarts:
             return
         first = died[0]
         reason = f"rank {first.rank} on node {first.node or '?'} died"
@@ -354,10 +543,9 @@ class RayWorkerGroup(WorkerGroup):
         device_mesh: Any = None,
     ) -> PendingCall:
         has_remote = bool(getattr(self._local, "placeholders", False))
-        self._local.placeholders = False
+        if has_remote:
+            self._local.placeholders = False
         if self.torn_down is not None:
-            from twinkle_core.plugin import CompletedCall
-
             return CompletedCall(
                 [],
                 [
@@ -373,18 +561,19 @@ class RayWorkerGroup(WorkerGroup):
                 ],
             )
         register_tensor_serializer()
-        shipper = Shipper([(c.args, c.kwargs) for c in calls])
-        value_refs, meta_refs = [], []
-        for call in calls:
-            kwnames, values = flatten_call(*shipper.ship_call(call.args, call.kwargs))
-            value, meta = (
-                self.handles[call.rank]
-                .call.options(num_returns=2)
-                .remote(method, has_remote, kwnames, *values)
-            )
-            value_refs.append(value)
-            meta_refs.append(meta)
-        return RayPendingCall(self, method, [c.rank for c in calls], value_refs, meta_refs)
+        shipped = ship_all(calls)
+        refs = []
+        if not has_remote and method in self.direct:
+            for call, (args, kwargs) in zip(calls, shipped, strict=True):
+                refs.append(self.actor_method(call.rank, method).remote(*args, **kwargs))
+        else:
+            for call, (args, kwargs) in zip(calls, shipped, strict=True):
+                refs.append(
+                    self.actor_method(call.rank, f"{RESERVED_PREFIX}call").remote(
+                        method, has_remote, *args, **kwargs
+                    )
+                )
+        return RayPendingCall(self, method, [c.rank for c in calls], refs, self.restarts)
 
     # ------------------------------------------------------------------ chaining
     def resolve_argument(self, value: LazyCollect) -> Any:
