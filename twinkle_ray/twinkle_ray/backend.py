@@ -143,10 +143,6 @@ class RayBackend(ExecutionBackend):
         if ray.is_initialized():
             for workers in groups:
                 workers.teardown("the run shut down")
-        for workers in groups:
-            # Ray leaks one socket per actor handle still alive at ray.shutdown() (the user's
-            # remote objects keep their group): drop the handles (docs/ray.md, Reliability).
-            workers.handles = []
             if self.resources is not None:
                 self.resources.release()
             try:
@@ -158,6 +154,10 @@ class RayBackend(ExecutionBackend):
                     )
             except Exception:  # the cluster may already be gone
                 pass
+        for workers in groups:
+            # Ray leaks one socket per actor handle still alive at ray.shutdown() (the user's
+            # remote objects keep their group): drop the handles (docs/ray.md, Reliability).
+            workers.handles = []
         self.resources = None
         if self.connection.connected_here:
             _actor_classes.clear()  # bound to this connection's cluster
