@@ -1,0 +1,30 @@
+"""1. A no-op call to 4 Ray workers, resolved.
+
+twinkle: `bench.noop()()` on a group of 4 workers (dispatch to each, collect='none').
+raw: the same method on 4 plain actors, `ray.get([a.noop.remote() for a in actors])`.
+Fair because both make the same 4 actor calls on the same cluster and wait for all 4 results;
+what is left is twinkle's dispatch, bookkeeping and collection.
+"""
+
+from __future__ import annotations
+
+import ray
+from harness import Context, Row, interleave, row_from_samples
+
+NUMBER, NAME, QUICK, SESSION = "1", "ray-call", True, ("four",)
+
+
+def run(ctx: Context) -> list[Row]:
+    bench, actors = ctx.ray.twinkle("four"), ctx.ray.raw("four")
+    calls, rounds = (1, 150) if ctx.quick else (1, 600)
+
+    def twinkle() -> None:
+        for _ in range(calls):
+            bench.noop()(60)
+
+    def raw() -> None:
+        for _ in range(calls):
+            ray.get([a.noop.remote() for a in actors], timeout=60)
+
+    samples = interleave({"twinkle": twinkle, "raw": raw}, rounds, per=calls)
+    return [row_from_samples(NUMBER, "Ray: no-op call to 4 workers, resolved", samples)]

@@ -1,0 +1,60 @@
+"""5. torchrun, 2 CPU processes (gloo): collect='mean' of a scalar and collect='none'.
+
+One job (`python -m torch.distributed.run --standalone --nproc_per_node=2 torchrun_job.py`)
+runs both twinkle and raw torch.distributed, alternately:
+- 5a twinkle `worker.scalar()()` with collect='mean' vs raw `dist.all_reduce` of a float64
+  tensor holding the same scalar, divided by the world size, `.item()`;
+- 5b twinkle `worker.nothing()()` with collect='none' (every rank gets the list of results) vs
+  raw `dist.all_gather_object` of the same None.
+Fair because the raw calls are what each collect mode must do at least (one collective over the
+same gloo transport between the same two processes); the ratio is twinkle's bookkeeping
+(call numbering, failure exchange, result shapes) on top.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from harness import BENCH_DIR, Context, Row, median, run_child
+
+NUMBER, NAME, QUICK, SESSION = "5", "torchrun", True, ()
+
+
+def run(ctx: Context) -> list[Row]:
+    rounds, calls = (60, 1) if ctx.quick else (400, 1)
+    start = time.perf_counter()
+    result = run_child(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            str(BENCH_DIR / "cases" / "torchrun_job.py"),
+            f"--rounds={rounds}",
+            f"--calls={calls}",
+        ],
+        timeout=300,
+    )
+    job_s = time.perf_counter() - start
+    s = result["samples"]
+    extra = {"job_wall_s": job_s, "initialize_s": result["initialize_s"]}
+    return [
+        Row(
+            "5a",
+            "torchrun 2 procs: collect='mean' of a scalar vs all_reduce",
+            median(s["twinkle-mean"]),
+            median(s["raw-all_reduce"]),
+            extra=extra,
+            samples={"twinkle": s["twinkle-mean"], "raw": s["raw-all_reduce"]},
+        ),
+        Row(
+            "5b",
+            "torchrun 2 procs: collect='none' vs all_gather_object",
+            median(s["twinkle-none"]),
+            median(s["raw-all_gather_object"]),
+            extra=extra,
+            samples={"twinkle": s["twinkle-none"], "raw": s["raw-all_gather_object"]},
+        ),
+    ]

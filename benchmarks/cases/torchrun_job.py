@@ -1,0 +1,104 @@
+"""The torchrun job of case 5 (`cases/torchrun.py` launches it; it prints its result as JSON).
+
+Every process runs the same lines, as a twinkle torchrun driver does. Per round each variant
+makes `--calls` calls; the variants alternate (interleaved rounds), with a barrier before each
+so both processes start it together. Rank 0 prints the medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch
+import torch.distributed as dist
+from harness import emit, interleave, median
+
+from twinkle_core import initialize, remote_class, remote_function, shutdown
+
+
+@remote_class()
+class Worker:
+    def __init__(self) -> None:
+        self.value = 0.5
+
+    @remote_function(dispatch="all", collect="mean")
+    def scalar(self) -> float:
+        return self.value
+
+    @remote_function(dispatch="all", collect="none")
+    def nothing(self) -> None:
+        return None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--calls", type=int, default=20)
+    args = parser.parse_args()
+    start = time.perf_counter()
+    initialize(mode="local", timeout=120, dist_timeout=120)
+    init_s = time.perf_counter() - start
+    worker = Worker(remote_group="default")
+    world = dist.get_world_size()
+    value = 0.5
+
+    def barrier_then(fn):
+        def go() -> float:
+            dist.barrier()
+            begin = time.perf_counter()
+            fn()
+            return time.perf_counter() - begin
+
+        return go
+
+    def twinkle_mean() -> None:
+        for _ in range(args.calls):
+            got = worker.scalar()()
+        assert got == value, got
+
+    def raw_mean() -> None:
+        for _ in range(args.calls):
+            t = torch.tensor([value], dtype=torch.float64)
+            dist.all_reduce(t)
+            got = t.item() / world
+        assert got == value, got
+
+    def twinkle_none() -> None:
+        for _ in range(args.calls):
+            got = worker.nothing()()
+        assert got == [None] * world, got
+
+    def raw_none() -> None:
+        for _ in range(args.calls):
+            got = [None] * world
+            dist.all_gather_object(got, None)
+        assert got == [None] * world, got
+
+    variants = {
+        "twinkle-mean": twinkle_mean,
+        "raw-all_reduce": raw_mean,
+        "twinkle-none": twinkle_none,
+        "raw-all_gather_object": raw_none,
+    }
+    samples = interleave(
+        {k: barrier_then(v) for k, v in variants.items()}, args.rounds, per=args.calls
+    )
+    shutdown()
+    if int(os.environ.get("RANK", "0")) == 0:
+        emit(
+            {
+                "world": world,
+                "initialize_s": init_s,
+                "medians": {k: median(v) for k, v in samples.items()},
+                "samples": samples,
+            }
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,321 @@
+"""Shared helpers of the benchmark suite: interleaved timing, medians, result rows, child
+processes, and the one Ray cluster the in-process Ray cases share.
+
+Every case times twinkle and its raw baseline *alternately* (round 1: A then B, round 2: B then
+A, ...), so a machine that slows down or speeds up during the run affects both the same way,
+and reports medians: a ratio twinkle/raw measured this way does not depend on how fast or how
+busy the machine is, only on what twinkle adds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+BENCH_DIR = Path(__file__).resolve().parent
+REPO = BENCH_DIR.parent
+#: Marks the line of a child process's output that carries its JSON result.
+JSON_MARK = "BENCH-JSON "
+
+
+# ------------------------------------------------------------------------------- timing
+def interleave(
+    variants: dict[str, Callable[[], float | None]],
+    rounds: int,
+    *,
+    per: int | dict[str, int] = 1,
+    warmup: int = 3,
+    clock: Callable[[], float] = time.perf_counter,
+) -> dict[str, list[float]]:
+    """Run every variant once per round, alternating the order; return seconds per unit.
+
+    Rounds are kept short (one call each where a call is short) so that preemption by other
+    processes on a busy machine hits single samples, which the median then ignores, rather
+    than every long block of the slower variant.
+
+    A variant that returns a number reports its own elapsed seconds (it timed only part of
+    what it did, e.g. issuing calls but not waiting for them); otherwise its wall time counts.
+    Each sample is divided by `per` (the number of calls a round makes), so samples are per
+    call. The first `warmup` rounds are not recorded. `clock` is wall time by default;
+    `time.thread_time` (CPU time of this thread) suits work done entirely in this thread, and
+    keeps a ratio honest on an overloaded machine, where a long call is far more likely than a
+    short one to be preempted.
+    """
+    names = list(variants)
+    samples: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(-warmup, rounds):
+        order = names if r % 2 == 0 else names[::-1]
+        for name in order:
+            start = clock()
+            got = variants[name]()
+            elapsed = clock() - start if got is None else float(got)
+            if r >= 0:
+                n = per[name] if isinstance(per, dict) else per
+                samples[name].append(elapsed / n)
+    return samples
+
+
+def median(values: list[float]) -> float:
+    return float(statistics.median(values))
+
+
+def fmt_time(seconds: float | None) -> str:
+    """Seconds as a short human figure: 812 us, 3.21 ms, 1.52 s."""
+    if seconds is None:
+        return "-"
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.0f} us" if seconds >= 1e-5 else f"{seconds * 1e6:.2f} us"
+    if seconds < 1.0:
+        return f"{seconds * 1e3:.3g} ms"
+    return f"{seconds:.3g} s"
+
+
+@dataclass
+class Row:
+    """One line of the results table: twinkle's median against the raw baseline's."""
+
+    id: str  # "1", "4a", ...: the key of the limit table in run.py
+    title: str  # what is measured, short
+    twinkle: float  # median seconds (per call unless `unit` says otherwise)
+    raw: float  # median seconds of the raw baseline, same unit
+    unit: str = "per call"
+    note: str = ""  # one short remark shown in the table
+    extra: dict[str, Any] = field(default_factory=dict)  # further figures, JSON only
+    samples: dict[str, list[float]] = field(default_factory=dict)
+
+    @property
+    def ratio(self) -> float:
+        return self.twinkle / self.raw if self.raw > 0 else float("inf")
+
+    def as_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["ratio"] = round(self.ratio, 4)
+        out["samples"] = {k: [round(v, 9) for v in vs] for k, vs in self.samples.items()}
+        return out
+
+
+def row_from_samples(
+    id: str,
+    title: str,
+    samples: dict[str, list[float]],
+    twinkle: str = "twinkle",
+    raw: str = "raw",
+    **kwargs: Any,
+) -> Row:
+    return Row(
+        id,
+        title,
+        median(samples[twinkle]),
+        median(samples[raw]),
+        samples=samples,
+        **kwargs,
+    )
+
+
+# ------------------------------------------------------------------------------- children
+def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a benchmark child process: this one, plus the suite on the path."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(BENCH_DIR), env.get("PYTHONPATH", "")) if p)
+    env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    env.pop("RAY_ADDRESS", None)  # never attach to some other cluster on the machine
+    env.update(extra or {})
+    return env
+
+
+def run_child(
+    cmd: list[str], *, timeout: float, env: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """Run a child process and return the JSON it printed after `JSON_MARK`.
+
+    The child runs in its own process group, killed as a whole on timeout.
+    """
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env or child_env(),
+        cwd=str(BENCH_DIR),
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        out, err = proc.communicate()
+        raise RuntimeError(
+            f"{' '.join(cmd[:4])}... did not finish in {timeout:g}s; stderr tail:\n{err[-2000:]}"
+        ) from None
+    found = [line[len(JSON_MARK) :] for line in out.splitlines() if line.startswith(JSON_MARK)]
+    if proc.returncode != 0 or not found:
+        raise RuntimeError(
+            f"{' '.join(cmd[:4])}... exited {proc.returncode} without a result; output tail:\n"
+            f"{out[-1500:]}\n{err[-3000:]}"
+        )
+    return json.loads(found[-1])
+
+
+def emit(result: dict[str, Any]) -> None:
+    """Print a child's result for `run_child`."""
+    print(JSON_MARK + json.dumps(result), flush=True)
+
+
+# ------------------------------------------------------------------------------- Ray
+def start_ray(num_cpus: int = 4, object_store_mib: int = 256) -> str:
+    """Start an embedded Ray cluster for this process (never attach to another); returns its
+    temp dir, which `stop_ray` removes.
+
+    The benchmarks directory goes on PYTHONPATH first, so workers import the benchmark classes
+    by module name like the driver does.
+    """
+    import ray
+
+    os.environ.update(
+        {k: v for k, v in child_env().items() if k in ("PYTHONPATH", "RAY_USAGE_STATS_ENABLED")}
+    )
+    os.environ.pop("RAY_ADDRESS", None)
+    temp_dir = tempfile.mkdtemp(prefix="twb-", dir="/tmp")  # Ray's socket paths must be short
+    ray.init(
+        address="local",
+        num_cpus=num_cpus,
+        include_dashboard=False,
+        object_store_memory=object_store_mib * 1024 * 1024,
+        _temp_dir=temp_dir,
+        log_to_driver=False,
+        logging_level="ERROR",
+    )
+    return temp_dir
+
+
+def stop_ray(temp_dir: str | None) -> None:
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+    if temp_dir:
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+class RaySession:
+    """One Ray cluster shared by every Ray case this process runs, twinkle included.
+
+    The raw baseline starts the cluster with `ray.init(address='local', ...)`; twinkle's
+    `initialize(mode='ray')` then adopts that connection (it does so whenever Ray is already
+    initialized in the process, and leaves it running at shutdown), so twinkle and raw Ray run
+    on the very same cluster, side by side in this process. Each group's twinkle workers and
+    raw actors are started on first use and reused by later cases.
+    """
+
+    #: Worker count of every group the Ray cases use.
+    GROUPS = {"four": 4, "one": 1, "left": 2, "right": 2}
+    #: Logical CPUs per twinkle worker and per raw actor: 18 processes fit a 4-CPU cluster.
+    CPUS = 0.2
+
+    def __init__(self) -> None:
+        self.temp_dir: str | None = None
+        self.started = False
+        self.timings: dict[str, float] = {}
+        self._twinkle: dict[str, Any] = {}
+        self._raw: dict[str, list[Any]] = {}
+
+    def start(self) -> None:
+        if self.started:
+            return
+        from twinkle_core import DeviceGroup, initialize
+
+        start = time.perf_counter()
+        self.temp_dir = start_ray(num_cpus=4, object_store_mib=256)
+        self.timings["ray.init"] = time.perf_counter() - start
+        start = time.perf_counter()
+        initialize(
+            mode="ray",
+            groups=[DeviceGroup(name, n) for name, n in self.GROUPS.items()],
+            cpus_per_worker=self.CPUS,
+        )
+        self.timings["twinkle initialize (adopting the cluster)"] = time.perf_counter() - start
+        self.started = True
+
+    def prepare(self, groups: set[str]) -> None:
+        """Start the raw actors and twinkle workers of `groups` (raw ones in the background
+        while twinkle's start), so the cases find them running."""
+        import ray
+        from bench_ops import Ops
+
+        self.start()
+        start = time.perf_counter()
+        cls = ray.remote(num_cpus=self.CPUS)(Ops)
+        for group in sorted(groups - set(self._raw)):
+            self._raw[group] = [cls.remote() for _ in range(self.GROUPS[group])]
+        for group in sorted(groups):
+            self.twinkle(group)
+        ray.get([a.noop.remote() for g in groups for a in self._raw[g]], timeout=300)
+        self.timings["workers and actors started"] = time.perf_counter() - start
+
+    def twinkle(self, group: str) -> Any:
+        """The twinkle `Bench` object on `group` (its workers started and warmed up)."""
+        from bench_ops import Bench
+
+        self.start()
+        if group not in self._twinkle:
+            start = time.perf_counter()
+            obj = Bench(remote_group=group)
+            obj.noop()(120)
+            self._twinkle[group] = obj
+            self.timings[f"twinkle workers '{group}'"] = time.perf_counter() - start
+        return self._twinkle[group]
+
+    def raw(self, group: str) -> list[Any]:
+        """Plain Ray actors of the same class, as many as `group` has workers."""
+        import ray
+        from bench_ops import Ops
+
+        self.start()
+        if group not in self._raw:
+            start = time.perf_counter()
+            cls = ray.remote(num_cpus=self.CPUS)(Ops)
+            actors = [cls.remote() for _ in range(self.GROUPS[group])]
+            ray.get([a.noop.remote() for a in actors], timeout=120)
+            self._raw[group] = actors
+            self.timings[f"raw actors '{group}'"] = time.perf_counter() - start
+        return self._raw[group]
+
+    def close(self) -> None:
+        """Stop twinkle's run and the cluster (also after a start that failed half-way)."""
+        if self.temp_dir is None:
+            return
+        import ray
+
+        from twinkle_core import shutdown
+
+        try:
+            shutdown()
+            for actors in self._raw.values():
+                for actor in actors:
+                    ray.kill(actor)
+        finally:
+            self._twinkle, self._raw = {}, {}
+            stop_ray(self.temp_dir)
+            self.temp_dir = None
+            self.started = False
+
+
+@dataclass
+class Context:
+    """What a case gets: the mode and the shared Ray session."""
+
+    quick: bool
+    ray: RaySession = field(default_factory=RaySession)
+
+    def log(self, message: str) -> None:
+        print(f"    {message}", file=sys.stderr, flush=True)
