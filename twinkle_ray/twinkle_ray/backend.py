@@ -33,7 +33,7 @@ from .actor import ActorBoot, actor_class_for
 from .cluster import ClusterConnection
 from .envvars import passthrough_patterns, select
 from .options import RayOptions
-from .resources import ClusterResourceError, ResourceManager, ceil_cpus, ray_request
+from .resources import ClusterResourceError, ResourceManager, embedded_cluster_cpus, ray_request
 from .transfer import register_tensor_serializer, reset_tensor_serializer
 from .workers import RayPendingCall, RayWorkerGroup, ship_all
 
@@ -99,6 +99,11 @@ class RayBackend(ExecutionBackend):
         for group in config.groups.values():
             if not group.is_cpu:
                 get_platform(group.device_type)  # an unknown device type fails here, clearly
+        num_cpus = opts.num_cpus
+        if opts.address is None and not ray.is_initialized():  # twinkle starts the cluster
+            num_cpus = embedded_cluster_cpus(
+                config.groups, opts.cpus_for, num_cpus=num_cpus, oversubscribe=opts.oversubscribe
+            )
         self.noset = noset_variables()
         for var, value in self.noset.items():
             if var not in os.environ:
@@ -106,13 +111,6 @@ class RayBackend(ExecutionBackend):
                 self._set_env.append(var)
         patterns = passthrough_patterns(opts.env_passthrough)
         self.passthrough_env = select(os.environ, patterns)
-        cpu_demand = sum(
-            opts.cpus_for(g.name) * g.num_workers for g in config.groups.values() if g.is_cpu
-        )
-        has_accel = any(not g.is_cpu for g in config.groups.values())
-        num_cpus = opts.num_cpus
-        if num_cpus is None:
-            num_cpus = max(os.cpu_count() or 1, ceil_cpus(cpu_demand) * (2 if has_accel else 1))
         try:
             self.connection.open(
                 opts.address,

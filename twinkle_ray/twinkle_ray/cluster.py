@@ -17,6 +17,9 @@ from .envvars import NODE_ESSENTIALS, scrubbed_environ
 
 log = logging.getLogger("twinkle")
 
+#: Mode of the directories twinkle creates: only their owner may list or enter them.
+PRIVATE_DIR_MODE = 0o700
+
 
 @dataclass(frozen=True)
 class NodeInfo:
@@ -121,8 +124,11 @@ class ClusterConnection:
             self.connected_here = True
             self.address = address
             return
-        # Ray's socket paths must stay under 107 bytes: a short directory of our own.
+        # Ray's socket paths must stay under 107 bytes: a short directory of our own, private
+        # to this user (mkdtemp makes it 0700). Ray makes its temp dir world-writable (0777)
+        # and its logs world-readable, so it gets a subdirectory: nobody else can reach it.
         self._temp_dir = tempfile.mkdtemp(prefix="tw-ray-", dir="/tmp")
+        os.chmod(self._temp_dir, PRIVATE_DIR_MODE)
         options = {
             "num_cpus": num_cpus,
             "num_gpus": num_gpus,
@@ -130,7 +136,7 @@ class ClusterConnection:
             "object_store_memory": object_store_memory,
             "include_dashboard": False,
             "_node_ip_address": "127.0.0.1",
-            "_temp_dir": self._temp_dir,
+            "_temp_dir": os.path.join(self._temp_dir, "r"),
         }
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         try:

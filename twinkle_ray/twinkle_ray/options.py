@@ -17,7 +17,11 @@ class RayOptions:
     - `address`: a running cluster to connect to (default `$RAY_ADDRESS`; none starts an
       embedded local cluster with the dashboard off, bound to 127.0.0.1).
     - `num_cpus`, `num_gpus`, `resources`, `object_store_memory`: the embedded cluster's size
-      (`num_cpus` defaults to enough logical CPUs for the requested groups).
+      (`num_cpus` defaults to enough logical CPUs for the requested groups). Workers that
+      cannot fit this machine's cores and memory fail at `initialize` (see
+      `resources.embedded_cluster_cpus`); an explicit `num_cpus` skips the CPU check.
+    - `oversubscribe`: start an embedded cluster's workers even when they exceed this machine's
+      cores or memory (default False).
     - `placement_timeout`: seconds to wait for placement groups before failing (default 60).
     - `start_timeout`: seconds to wait for actors to start and construct (default 300).
     - `cpus_per_worker`: CPUs each CPU-group worker reserves; a number, or a dict by group
@@ -39,6 +43,7 @@ class RayOptions:
     env_passthrough: tuple[str, ...] = ()
     namespace: str | None = None
     restart: bool | tuple[str, ...] = False
+    oversubscribe: bool = False
 
     @classmethod
     def parse(cls, options: Mapping[str, Any]) -> RayOptions:
@@ -98,6 +103,11 @@ class RayOptions:
                 f"(a trailing '*' matches a prefix), got {opts.env_passthrough!r}"
             )
         opts.env_passthrough = tuple(opts.env_passthrough)
+        if not isinstance(opts.oversubscribe, bool):
+            raise ConfigurationError(
+                f"initialize(mode='ray', oversubscribe=...) must be True or False, "
+                f"got {opts.oversubscribe!r}"
+            )
         if not isinstance(opts.restart, bool):
             if isinstance(opts.restart, str) or not all(isinstance(v, str) for v in opts.restart):
                 raise ConfigurationError(

@@ -1,0 +1,257 @@
+"""Arguments Ray cannot ship faithfully fail early, named, and without their values.
+
+Two kinds of argument go wrong on Ray when nothing checks them:
+
+- Objects tied to this process (an open file, a socket, a lock, a thread, a generator).
+  Ray's pickler sends a file opened for reading as a `StringIO` copy of its contents and
+  fails on the others; neither is what the caller meant. `check_arguments` finds them by type
+  before anything is sent (top-level arguments and the items of small containers: a few
+  `isinstance` checks per argument, nothing is pickled).
+- Objects that do not pickle (a function closing over a lock, an object holding a socket).
+  Ray's own error dumps the arguments' closures and attributes (values included: a secret in a
+  closure was printed). `checked_arguments` turns a failed submission into a
+  `ConfigurationError` naming the method, the argument and the types on the way to the part that
+  failed, and nothing else (only on the error path is anything pickled again, one argument at a
+  time, to find which).
+
+Wire both with one line in the backend's submit, around the shipping and the `.remote()` calls:
+
+    with checked_arguments(self.class_name, method, calls):
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import socket
+import threading
+import types
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from twinkle_core import ConfigurationError
+
+#: Containers whose items are looked at (up to `SCAN_ITEMS` of them, `SCAN_DEPTH` levels deep).
+SCAN_ITEMS = 32
+SCAN_DEPTH = 2
+
+_LOCKS: tuple[type, ...] = (
+    type(threading.Lock()),
+    type(threading.RLock()),
+    threading.Condition,
+    threading.Semaphore,
+    threading.Event,
+)
+
+#: What each process-bound type is called in the error, and what to pass instead.
+_PROCESS_BOUND: tuple[tuple[tuple[type, ...], str, str], ...] = (
+    (
+        (io.IOBase,),
+        "an open file",
+        "Ray would send a copy of what is left to read (as a StringIO), not the file: pass its "
+        "path and open it in the worker",
+    ),
+    ((socket.socket,), "a socket", "open the connection in the worker"),
+    (_LOCKS, "a lock or other threading primitive", "create it in the worker"),
+    ((threading.Thread,), "a thread", "start it in the worker"),
+    (
+        (types.GeneratorType, types.AsyncGeneratorType, types.CoroutineType),
+        "a generator or coroutine",
+        "pass the data (e.g. a list) or what the worker needs to build it",
+    ),
+)
+
+#: In-memory streams pickle faithfully: not process-bound.
+_IN_MEMORY = (io.BytesIO, io.StringIO)
+
+
+def _process_bound(value: Any) -> tuple[str, str] | None:
+    if isinstance(value, _IN_MEMORY):
+        return None
+    for types_, what, fix in _PROCESS_BOUND:
+        if isinstance(value, types_):
+            return what, fix
+    return None
+
+
+def _type_name(value: Any) -> str:
+    kind = type(value)
+    module = kind.__module__
+    return kind.__qualname__ if module == "builtins" else f"{module}.{kind.__qualname__}"
+
+
+def _label(index: int | str) -> str:
+    return f"argument {index}" if isinstance(index, int) else f"keyword argument {index!r}"
+
+
+def _arguments(args: Sequence[Any], kwargs: dict[str, Any]) -> Iterator[tuple[int | str, Any]]:
+    yield from enumerate(args)
+    yield from kwargs.items()
+
+
+def _name_like(key: Any) -> bool:
+    if isinstance(key, int) and not isinstance(key, bool):
+        return True
+    return isinstance(key, str) and len(key) <= 40 and key.replace("_", "a").isalnum()
+
+
+def _scan(value: Any, where: str, depth: int) -> tuple[str, Any, str, str] | None:
+    bound = _process_bound(value)
+    if bound is not None:
+        return (where, value, *bound)
+    if depth >= SCAN_DEPTH:
+        return None
+    if type(value) in (list, tuple, set, frozenset):
+        for i, item in enumerate(value):
+            if i >= SCAN_ITEMS:
+                break
+            found = _scan(
+                item, f"{where}[{i}]" if type(value) in (list, tuple) else where, depth + 1
+            )
+            if found:
+                return found
+    elif type(value) is dict:
+        for i, (key, item) in enumerate(value.items()):
+            if i >= SCAN_ITEMS:
+                break
+            # Keys are shown only when they look like names (a key might be data).
+            shown = f"[{key!r}]" if _name_like(key) else "[...]"
+            found = _scan(item, f"{where}{shown}", depth + 1)
+            if found:
+                return found
+    return None
+
+
+def check_arguments(class_name: str, method: str, args: Sequence[Any], kwargs: dict) -> None:
+    """Raise `ConfigurationError` when an argument is bound to this process (a file, socket,
+    lock, thread, generator), naming the method, the argument and its type, not its value."""
+    for index, value in _arguments(args, kwargs):
+        _check_one(class_name, method, index, value)
+
+
+def _check_one(class_name: str, method: str, index: int | str, value: Any) -> None:
+    found = _scan(value, _label(index), 0)
+    if found is not None:
+        where, bad, what, fix = found
+        raise ConfigurationError(
+            f"{class_name}.{method}: {where} is {what} ({_type_name(bad)}), which cannot be "
+            f"sent to a Ray worker; {fix}"
+        )
+
+
+def _serialize(value: Any) -> None:
+    """Pickle `value` as Ray would (its serialization context when connected)."""
+    try:
+        import ray
+
+        context = ray._private.worker.global_worker.get_serialization_context()
+    except Exception:  # not connected, or a Ray without this private API
+        context = None
+    if context is not None:
+        context.serialize(value)
+        return
+    import ray.cloudpickle
+
+    ray.cloudpickle.dumps(value)
+
+
+def _pickles(value: Any) -> bool:
+    try:
+        _serialize(value)
+    except Exception:
+        return False
+    return True
+
+
+def _parts(value: Any) -> Iterator[tuple[str, Any]]:
+    """What a value is made of, each with a value-free name of how it is held."""
+    if isinstance(value, types.FunctionType):
+        for cell in value.__closure__ or ():
+            try:
+                yield "closure", cell.cell_contents
+            except ValueError:  # an empty cell
+                continue
+        for default in value.__defaults__ or ():
+            yield "default", default
+        for default in (value.__kwdefaults__ or {}).values():
+            yield "default", default
+        names = set(value.__code__.co_names)
+        for name, item in value.__globals__.items():
+            if name in names and not isinstance(item, types.ModuleType):
+                yield "global", item
+        return
+    if isinstance(value, types.MethodType):
+        yield "self", value.__self__
+        yield "function", value.__func__
+        return
+    if type(value) in (list, tuple, set, frozenset):
+        for i, item in enumerate(value):
+            yield f"item {i}" if type(value) in (list, tuple) else "item", item
+        return
+    if type(value) is dict:
+        for key, item in value.items():
+            yield "key", key
+            yield "item", item
+        return
+    state = getattr(value, "__dict__", None)
+    if isinstance(state, dict):
+        for item in state.values():
+            yield "attribute", item
+
+
+def _culprit(value: Any, depth: int = 0) -> list[str]:
+    """The value-free path from `value` to the innermost part that does not pickle."""
+    here = [_type_name(value)]
+    bound = _process_bound(value)
+    if bound is not None or depth >= 6:
+        return here
+    for how, part in _parts(value):
+        if part is value or _pickles(part):
+            continue
+        return [*here, how, *_culprit(part, depth + 1)]
+    return here
+
+
+@contextlib.contextmanager
+def checked_arguments(class_name: str, method: str, calls: Sequence[Any]) -> Iterator[None]:
+    """Around shipping `calls` (objects with `.args` and `.kwargs`, one per worker) to Ray.
+
+    Before: `check_arguments` on each distinct argument object. After a failure: if an
+    argument does not pickle, a `ConfigurationError` naming it replaces Ray's message (which
+    prints values); any other error passes through unchanged.
+    """
+    seen: set[int] = set()
+    for call in calls:
+        for index, value in _arguments(call.args, call.kwargs):
+            if id(value) in seen:
+                continue
+            seen.add(id(value))
+            _check_one(class_name, method, index, value)
+    try:
+        yield
+    except Exception as exc:
+        error = _explain(class_name, method, calls, exc)
+        if error is None:
+            raise
+        raise error from None
+
+
+def _explain(
+    class_name: str, method: str, calls: Sequence[Any], exc: BaseException
+) -> ConfigurationError | None:
+    seen: set[int] = set()
+    for call in calls:
+        for index, value in _arguments(call.args, call.kwargs):
+            if id(value) in seen or isinstance(value, (int, float, str, bytes, type(None))):
+                continue
+            seen.add(id(value))
+            if _pickles(value):
+                continue
+            path = _culprit(value)
+            inner = f"; what fails: {' -> '.join(path)}" if len(path) > 1 else ""
+            return ConfigurationError(
+                f"{class_name}.{method}: {_label(index)} ({path[0]}) cannot be pickled for a Ray "
+                f"worker ({type(exc).__name__}){inner}. Values are not shown; pass plain data "
+                "or create the object in the worker"
+            )
+    return None
