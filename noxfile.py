@@ -33,7 +33,9 @@ nox.needs_version = ">=2025.2.9"
 nox.options.default_venv_backend = "uv"
 nox.options.reuse_venv = "yes"
 nox.options.error_on_external_run = True
-nox.options.sessions = ["lint", "docs", "core", "dingtalk", "local", "ray", "integration"]
+nox.options.sessions = [
+    "lint", "docs", "core", "dingtalk", "local", "ray", "integration", "bench-quick"
+]
 
 ROOT = Path(__file__).resolve().parent
 REPORTS = ROOT / ".test-reports"
@@ -227,6 +229,10 @@ def lint(session: nox.Session) -> None:
             session.run("lint-imports")
         except CommandFailed:
             failed.append("lint-imports")
+        try:  # the contract catches a plugin importing a core internal (tests/lint/bad_plugin)
+            session.run("python", "tests/lint/check_contracts_catch.py")
+        except CommandFailed:
+            failed.append("import contract self-check")
     else:
         session.log("no .importlinter at the repository root: import contracts not checked")
     if failed:
@@ -295,6 +301,14 @@ def bench(session: nox.Session) -> None:
     _install(session, *PACKAGES, torch=True)
     _check_env(session, ALL_IMPORTS)
     session.run("python", "benchmarks/run.py", *session.posargs, env=WRITE_BYTECODE)
+
+
+@nox.session(name="bench-quick")
+def bench_quick(session: nox.Session) -> None:
+    """benchmarks/run.py --quick: the CI-sized run that fails only on gross regressions."""
+    _install(session, *PACKAGES, torch=True)
+    out = ["--json", str(REPORTS / "bench.json"), "--markdown", str(REPORTS / "bench.md")]
+    session.run("python", "benchmarks/run.py", "--quick", *out)
 
 
 @nox.session

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set up and run every check: the nox sessions lint, docs, core, dingtalk, local, ray and
-# integration (see noxfile.py), then one summary of all test suites. Needs only Python 3.11+
+# integration and bench-quick (see noxfile.py), then one summary of all test suites. Needs only Python 3.11+
 # and pip: nox and uv are installed into .venvs/tools, the environments into .nox/ (reused, so
 # a second run is fast). Every session runs even when an earlier one fails; the exit code is
 # non-zero when any failed.
@@ -23,7 +23,7 @@ while [ $# -gt 0 ]; do
   SESSIONS+=("$1")
   shift
 done
-[ ${#SESSIONS[@]} -gt 0 ] || SESSIONS=(lint docs core dingtalk local ray integration)
+[ ${#SESSIONS[@]} -gt 0 ] || SESSIONS=(lint docs core dingtalk local ray integration bench-quick)
 
 ensure_tools
 REPORTS="$PWD/.test-reports"
