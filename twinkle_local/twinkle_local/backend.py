@@ -12,20 +12,18 @@ from __future__ import annotations
 import copy
 import datetime
 import logging
-import os
 import socket
-import sys
 import threading
 import time
 from collections import deque
 from typing import Any
 
-import twinkle_core
 from twinkle_core import (
     CallTimeoutError,
     ConfigurationError,
     DeviceGroup,
     DeviceMesh,
+    PluginNotFoundError,
     WorkerContext,
     WorkerDiedError,
 )
@@ -42,6 +40,7 @@ from twinkle_core.plugin import (
 )
 
 from .calls import LocalPendingCall
+from .callsite import driver_call_site
 from .channel import ChannelError, ControlChannel
 from .distributed import DEFAULT_TIMEOUT_S, as_timeout, init_distributed
 from .env import TorchrunEnv
@@ -56,12 +55,6 @@ log = logging.getLogger("twinkle")
 #: Seconds a process whose wait timed out gives the others to report where they are.
 STACK_WAIT_S = 2.0
 
-#: Frames from these packages are twinkle's plumbing, never the driver's call site.
-_INTERNAL_MODULES = ("twinkle_core", "twinkle_local", "twinkle_ray", "twinkle_notify_dingtalk")
-_INTERNAL_DIRS = tuple(
-    os.path.dirname(os.path.abspath(m.__file__)) + os.sep
-    for m in (twinkle_core, sys.modules[__name__.rsplit(".", 1)[0]])
-)
 
 # How many runs this process started in mode 'local'. Every process of a job starts them in the
 # same order, so (run name, count) names a run's keys in the shared store alike everywhere.
@@ -206,14 +199,35 @@ class LocalBackend(ExecutionBackend):
                     f"world: use at most {world} workers or {fix}"
                 )
             if group.device_type != "cpu":
-                group_platform = get_platform(group.device_type)
-                if not group_platform.is_available():
-                    raise ConfigurationError(
-                        f"DeviceGroup {group.name!r} asks for device_type "
-                        f"{group.device_type!r}, but this process sees no such device (detected "
-                        f"platform: {platform.device_type!r}); use device_type="
-                        f"{platform.device_type!r} or run where the devices are"
-                    )
+                self._check_devices(group, env, platform)
+
+    @staticmethod
+    def _check_devices(group: DeviceGroup, env: TorchrunEnv, platform: AcceleratorPlatform) -> None:
+        """A group's device type must name a platform with a device for each of its workers
+        in this process (one process per device: worker r uses local device LOCAL_RANK)."""
+        try:
+            group_platform = get_platform(group.device_type)
+        except PluginNotFoundError as exc:
+            raise ConfigurationError(
+                f"DeviceGroup {group.name!r} asks for device_type {group.device_type!r}, for "
+                f"which no platform is registered in mode 'local'; use device_type="
+                f"{platform.device_type!r} (detected here). {exc}"
+            ) from None
+        if not group_platform.is_available():
+            raise ConfigurationError(
+                f"DeviceGroup {group.name!r} asks for device_type "
+                f"{group.device_type!r}, but this process sees no such device (detected "
+                f"platform: {platform.device_type!r}); use device_type="
+                f"{platform.device_type!r} or run where the devices are"
+            )
+        count = group_platform.device_count()
+        if env.rank < group.num_workers and env.local_rank >= count:
+            raise ConfigurationError(
+                f"DeviceGroup {group.name!r} puts worker rank {env.rank} on local "
+                f"{group.device_type} device {env.local_rank} (LOCAL_RANK), but this node has "
+                f"{count} such device(s); in mode 'local' each process uses one device: start "
+                f"at most {count} process(es) per node (torchrun --nproc_per_node={count})"
+            )
 
     def _start_distributed(
         self,
@@ -279,15 +293,7 @@ class LocalBackend(ExecutionBackend):
     @staticmethod
     def call_site() -> str:
         """The driver's line that made the current call (`file:line`, as core reports it)."""
-        frame = sys._getframe(1)
-        while frame is not None:
-            module = frame.f_globals.get("__name__", "")
-            if module.split(".", 1)[0] not in _INTERNAL_MODULES and not (
-                frame.f_code.co_filename.startswith(_INTERNAL_DIRS)
-            ):
-                return f"{frame.f_code.co_filename}:{frame.f_lineno}"
-            frame = frame.f_back
-        return "<unknown>:0"
+        return driver_call_site(2)
 
     def enqueue(self, exchange: Exchange) -> None:
         """Remember a started exchange (lock held); a lone finished one is not kept."""
@@ -340,7 +346,9 @@ class LocalBackend(ExecutionBackend):
             except Exception:
                 pass  # a failed collective is reported by finish()
             if timeout is not None and not work.is_completed():
-                raise self.timeout_error(exchange, timeout)
+                error = self.timeout_error(exchange, timeout)
+                if not work.is_completed():  # (the others may arrive while asked where)
+                    raise error
         with self.lock:
             if exchange.outcome is not None:
                 return

@@ -38,7 +38,6 @@ import hashlib
 import pickle
 import struct
 import threading
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -62,6 +61,7 @@ HEADER_BYTES = HEADER.size
 KIND, FLAGS, NCALLS, LENGTH, SEQ, KEY, SPEC = range(7)
 _FLOAT = struct.Struct("<d")
 _INT = struct.Struct("<q")
+_FLOAT_SPEC = numeric.numeric_spec(0.5)
 
 
 def slot_bytes(world_size: int) -> int:
@@ -89,20 +89,21 @@ def call_key(kind: int, label: str, site: str, ncalls: int) -> int:
     return key
 
 
-@dataclass(frozen=True)
 class CallInfo:
     """What identifies one exchange, for the checks between processes and for messages."""
 
-    seq: int
-    kind: int
-    label: str
-    site: str
-    ncalls: int
-    thread: str
+    __slots__ = ("key", "kind", "label", "ncalls", "seq", "site", "thread")
 
-    @property
-    def key(self) -> int:
-        return call_key(self.kind, self.label, self.site, self.ncalls)
+    def __init__(
+        self, seq: int, kind: int, label: str, site: str, ncalls: int, thread: str
+    ) -> None:
+        self.seq = seq
+        self.kind = kind
+        self.label = label
+        self.site = site
+        self.ncalls = ncalls
+        self.thread = thread
+        self.key = call_key(kind, label, site, ncalls)
 
     def describe(self) -> str:
         if self.kind == KIND_CONSTRUCT:
@@ -163,7 +164,7 @@ class Exchange:
                 self.payload, _ = encode(False, value, rank, backend.node, info.label)
             elif info.kind == KIND_REDUCE:
                 if index in self.reps:
-                    spec = numeric.numeric_spec(value)
+                    spec = _FLOAT_SPEC if type(value) is float else numeric.numeric_spec(value)
                     if spec is None:
                         self.payload, ok = encode(True, value, rank, backend.node, info.label)
                         flags |= F_OBJECT

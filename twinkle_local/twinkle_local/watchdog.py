@@ -25,8 +25,9 @@ import signal
 import sys
 import threading
 import time
-import traceback
 from typing import TYPE_CHECKING, Any
+
+from .callsite import user_stack
 
 if TYPE_CHECKING:
     from .backend import LocalBackend
@@ -86,10 +87,9 @@ def _set_async_exc(ident: int, exc: type[BaseException] | None) -> None:
 
 
 def format_stack(ident: int | None, limit: int = STACK_FRAMES) -> str:
+    """Thread `ident`'s stack, without twinkle's own frames."""
     frame = sys._current_frames().get(ident) if ident is not None else None
-    if frame is None:
-        return "    (no stack: the thread is gone)\n"
-    return "".join(traceback.format_stack(frame)[-limit:])
+    return user_stack(frame, limit)
 
 
 class Watchdog:

@@ -72,6 +72,19 @@ class LocalWorkerGroup(WorkerGroup):
         #: The worker's generators for the backend's fast switch (None: core's activate()).
         self.party = party
         self._timeouts: dict[str, float | None] = {}
+        self._reps: dict[tuple, tuple[DeviceMesh, frozenset[int]]] = {}
+
+    def _representatives(self, count: int, mesh: DeviceMesh) -> frozenset[int]:
+        """The calls a sum/mean counts (one per data shard), memoized per mesh."""
+        key = (count, id(mesh))
+        known = self._reps.get(key)
+        if known is not None and known[0] is mesh:
+            return known[1]
+        reps = frozenset(representatives(list(range(count)), mesh))
+        if len(self._reps) > 64:  # e.g. execute='first' builds a mesh per call
+            self._reps.clear()
+        self._reps[key] = (mesh, reps)  # the mesh kept alive keeps its id() unique
+        return reps
 
     # ----------------------------------------------------------------- running
     @property
@@ -90,6 +103,15 @@ class LocalWorkerGroup(WorkerGroup):
     def _run(self, method: str, call: WorkerCall, info: CallInfo) -> tuple[bool, Any]:
         """Run `call` on this process's worker, as that worker, bounded by the method's
         timeout: (True, value), or (False, WorkerFailure)."""
+        ok, value, restore = self._run_keeping_generators(method, call, info)
+        if restore is not None:
+            restore()
+        return ok, value
+
+    def _run_keeping_generators(self, method: str, call: WorkerCall, info: CallInfo) -> tuple:
+        """`_run`, leaving the worker's generators in place: (ok, value, restore), where
+        `restore()` (when not None) puts the caller's back. The caller may start the exchange
+        first, so this bookkeeping overlaps the network instead of delaying it."""
         assert self.state is not None, "only a process holding a worker runs calls"
         backend = self.backend
         args, kwargs = call.args, call.kwargs
@@ -100,13 +122,15 @@ class LocalWorkerGroup(WorkerGroup):
         party = self.party
         if party is None or rng is None:
             with self.state.activate() as ctx:
-                return self._bounded(method, call, info, timeout, args, kwargs, ctx)
+                return (*self._bounded(method, call, info, timeout, args, kwargs, ctx), None)
         previous = rng.enter(party)
         try:
             with worker_context(self.state.context) as ctx:
-                return self._bounded(method, call, info, timeout, args, kwargs, ctx)
-        finally:
+                ok, value = self._bounded(method, call, info, timeout, args, kwargs, ctx)
+        except BaseException:
             rng.leave(party, previous)
+            raise
+        return ok, value, lambda: rng.leave(party, previous)
 
     def _bounded(self, method, call, info, timeout, args, kwargs, ctx) -> tuple[bool, Any]:
         backend = self.backend
@@ -193,24 +217,25 @@ class LocalWorkerGroup(WorkerGroup):
                 )
             info = CallInfo(backend.next_sequence(), kind, label, site, len(calls), thread)
             me = backend.env.rank
-            mine = None
-            if self.holds_worker:
-                for index, call in enumerate(calls):
-                    if call.rank == me:
-                        ok, value = self._run(method, call, info)
-                        mine = (index, ok, value)
-            reps = (
-                frozenset(representatives(list(range(len(calls))), mesh))
-                if kind == KIND_REDUCE
-                else frozenset()
-            )
-            exchange = Exchange(backend, info, ranks, mine, reps=reps, op=op, mesh=mesh)
-            exchange.start()
-            backend.enqueue(exchange)
+            mine, restore = None, None
+            try:
+                if self.holds_worker:
+                    for index, call in enumerate(calls):
+                        if call.rank == me:
+                            ok, value, restore = self._run_keeping_generators(method, call, info)
+                            mine = (index, ok, value)
+                reps = self._representatives(len(calls), mesh) if kind == KIND_REDUCE else _NONE
+                exchange = Exchange(backend, info, ranks, mine, reps=reps, op=op, mesh=mesh)
+                exchange.start()
+                backend.enqueue(exchange)
+            finally:
+                if restore is not None:  # the driver's generators back, while gloo works
+                    restore()
         return ExchangedCall(exchange)
 
 
 _ATOMS = (int, float, complex, str, bytes, bool, type(None))
+_NONE: frozenset[int] = frozenset()
 
 
 def _immutable(args: tuple, kwargs: dict) -> bool:

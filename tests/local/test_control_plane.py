@@ -1,0 +1,241 @@
+"""The control plane in one process: generator switching, method timeouts, driver threads,
+objects of a shut-down run, and device checks at initialize (torchrun jobs: test_reliability)."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from twinkle_core import (
+    CallTimeoutError,
+    ConfigurationError,
+    DeviceGroup,
+    NotInitializedError,
+    get_worker_context,
+    initialize,
+    is_initialized,
+    remote_class,
+    remote_function,
+    shutdown,
+)
+from twinkle_core.plugin import get_rng_state, seed_everything, set_rng_state
+from twinkle_local.backend import LocalBackend
+from twinkle_local.env import TorchrunEnv
+from twinkle_local.platforms import TorchCpuPlatform
+from twinkle_local.rng import RngSwitch
+
+pytestmark = pytest.mark.usefixtures("single_process")
+
+
+# --------------------------------------------------------------------------- generator switch
+DRAWS = {
+    "py_random": lambda: random.random(),
+    "py_gauss": lambda: random.gauss(0, 1),  # keeps a cached second deviate
+    "np_rand": lambda: float(np.random.rand()),
+    "np_normal": lambda: float(np.random.normal()),  # legacy gauss: cached second deviate
+    "torch_rand": lambda: float(torch.rand(1)),
+    "torch_randn": lambda: float(torch.randn(1)),
+    "nothing": lambda: None,
+}
+# Who draws: the driver, worker 1, worker 2, or worker 2 called from inside worker 1.
+WHO = ["driver", "w1", "w2", "w1>w2"]
+
+
+class Reference:
+    """What switching must equal: every party's full state saved and restored around each use."""
+
+    def __init__(self, states: dict[str, dict]) -> None:
+        self.states = {k: dict(v) for k, v in states.items()}
+
+    def run(self, names: list[str], draw) -> object:
+        outer = []
+        for name in names:
+            outer.append(get_rng_state())
+            set_rng_state(self.states[name])
+        try:
+            return draw()
+        finally:
+            for name in reversed(names):
+                self.states[name] = get_rng_state()
+                set_rng_state(outer.pop())
+
+
+class Fast:
+    def __init__(self, states: dict[str, dict]) -> None:
+        self.switch = RngSwitch()
+        self.parties = {k: self.switch.party(k, v) for k, v in states.items()}
+
+    def run(self, names: list[str], draw) -> object:
+        entered = []
+        for name in names:
+            party = self.parties[name]
+            entered.append((party, self.switch.enter(party)))
+        try:
+            return draw()
+        finally:
+            for party, previous in reversed(entered):
+                self.switch.leave(party, previous)
+
+
+def _states() -> dict[str, dict]:
+    """Workers built from the run's seed, one of which drew while constructed."""
+    seed_everything(11)
+    base = get_rng_state()
+    set_rng_state(base)
+    random.random(), np.random.normal(), torch.rand(2)  # worker 1's constructor draws
+    w1 = get_rng_state()
+    set_rng_state(base)
+    return {"w1": w1, "w2": base}
+
+
+def _play(impl, steps) -> list:
+    out = []
+    for who, draw in steps:
+        names = [] if who == "driver" else who.split(">")
+        out.append(impl.run(names, DRAWS[draw]) if names else DRAWS[draw]())
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(WHO), st.sampled_from(sorted(DRAWS))), max_size=40))
+def test_switching_draws_exactly_what_full_save_and_restore_draws(steps):
+    states = _states()
+    reference = _play(Reference(states), steps)
+    driver_after = get_rng_state()
+    states = _states()
+    fast = _play(Fast(states), steps)
+    assert fast == reference
+    after = get_rng_state()  # the driver's generators end where they would
+    assert after["python"] == driver_after["python"]
+    assert np.array_equal(after["numpy"][1], driver_after["numpy"][1])
+    assert after["numpy"][2:] == driver_after["numpy"][2:]
+    assert torch.equal(after["torch"], driver_after["torch"])
+
+
+def test_switching_touches_no_state_when_nobody_draws(monkeypatch):
+    """The per-call cost: raw fingerprints only, no python/numpy state copies."""
+    fast = Fast(_states())
+    fast.parties["w1"] = fast.switch.capture("same as the driver")
+    copies = []
+    for module, name in [(np.random, "get_state"), (np.random, "set_state")]:
+        original = getattr(module, name)
+        monkeypatch.setattr(
+            module, name, lambda *a, _o=original, _n=name: copies.append(_n) or _o(*a)
+        )
+    for name in ("getstate", "setstate"):
+        original = getattr(random.Random, name)
+        monkeypatch.setattr(
+            random.Random,
+            name,
+            lambda self, *a, _o=original, _n=name: copies.append(_n) or _o(self, *a),
+        )
+    for _ in range(10):
+        fast.run(["w1"], lambda: None)
+    assert copies == []
+
+
+# --------------------------------------------------------------------------- calls
+@remote_class()
+class Busy:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    @remote_function(dispatch="all", collect="first", timeout=0.5)
+    def spin(self, seconds):
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:  # pure Python: interrupted where it runs
+            pass
+        return "finished"
+
+    @remote_function(dispatch="all", collect="first")
+    def draw(self):
+        self.calls += 1
+        return [self.calls, int(np.random.randint(0, 10**9)), float(torch.rand(1))]
+
+    @remote_function(dispatch="all", collect="first")
+    def call_other(self, other):
+        return other.draw()()
+
+
+def test_a_method_past_its_timeout_is_stopped_in_a_lone_process():
+    initialize("local")
+    try:
+        busy = Busy(remote_group="default")
+        start = time.monotonic()
+        with pytest.raises(CallTimeoutError, match=r"Busy\.spin: .*timeout=0\.5s"):
+            busy.spin(30)()
+        assert time.monotonic() - start < 10  # stopped, not run for 30 s
+        assert busy.draw()()[0] == 1  # the worker goes on
+    finally:
+        shutdown()
+
+
+def _lone_draws(threads: int, per_thread: int) -> list:
+    initialize("local", seed=5)
+    try:
+        busy = Busy(remote_group="default")
+        out: list = []
+        lock = threading.Lock()
+
+        def work():
+            for _ in range(per_thread):
+                value = busy.draw()()
+                with lock:
+                    out.append(value)
+
+        workers = [threading.Thread(target=work) for _ in range(threads)]
+        for t in workers:
+            t.start()
+        for t in workers:
+            t.join(60)
+        assert not any(t.is_alive() for t in workers)
+        return sorted(out)
+    finally:
+        shutdown()
+
+
+def test_driver_threads_get_the_single_threaded_stream_in_a_lone_process():
+    assert _lone_draws(8, 25) == _lone_draws(1, 200)
+
+
+def test_an_object_of_a_shut_down_run_used_inside_a_worker_raises_clearly():
+    """Core checks driver calls; a call from inside a worker reaches the backend's check."""
+    initialize("local")
+    old = Busy(remote_group="default")
+    name = old._twinkle_binding.run_name
+    shutdown()
+    initialize("local")
+    try:
+        caller = Busy(remote_group="default")
+        with pytest.raises(NotInitializedError) as info:
+            caller.call_other(old)()
+        message = f"Busy.draw: this object belongs to run {name!r}, which was shut down"
+        assert message in str(info.value), str(info.value)
+        assert get_worker_context() is None
+    finally:
+        shutdown()
+
+
+# --------------------------------------------------------------------------- devices
+def test_an_unknown_device_type_is_a_configuration_error_at_initialize():
+    with pytest.raises(ConfigurationError, match=r"DeviceGroup 'g' asks for device_type 'tpu'"):
+        initialize("local", groups=[DeviceGroup("g", 1, "tpu")])
+    assert not is_initialized()
+
+
+def test_more_processes_than_devices_on_a_node_is_a_configuration_error(fake_cuda):
+    """torchrun --nproc_per_node=8 on a node with 4 GPUs: process 5 has no device of its own."""
+    env = TorchrunEnv(8, 5, 5, 8, "127.0.0.1", 29500)
+    group = DeviceGroup("gpus", 8, "cuda")
+    with pytest.raises(ConfigurationError, match=r"local cuda device 5 .* 4 such device"):
+        LocalBackend._check_devices(group, env, TorchCpuPlatform())
+    LocalBackend._check_devices(
+        group, TorchrunEnv(8, 3, 3, 8, "127.0.0.1", 29500), TorchCpuPlatform()
+    )
