@@ -51,3 +51,13 @@ def test_public_submodules_and_moved_names_import_in_a_fresh_process():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "ok"
+
+
+def test_the_version_is_written_once_in_the_distribution_metadata():
+    """`twinkle_core.__version__` is read from the installed metadata, not written twice."""
+    from importlib.metadata import version
+
+    import twinkle_core
+
+    assert twinkle_core.__version__ == version("twinkle-core")
+    assert twinkle_core.__version__.startswith("0.2.")
