@@ -72,7 +72,7 @@ class ControlChannel:
         return out
 
     def start_gather(self, slot: bytearray) -> tuple[Any, Any]:
-        """Start gathering every process's `slot` (the same size everywhere): (the uint8 tensor
+        """Start gathering every process's `slot` (the same size everywhere): (a bytearray
         that will hold them all in rank order, the collective's work object).
 
         The collective runs in gloo's own thread: `work.wait(timeout)` waits for it, and
@@ -80,19 +80,20 @@ class ControlChannel:
         """
         import torch
 
-        mine = torch.frombuffer(slot, dtype=torch.uint8)
         if self.group is None:
-            return mine, DoneWork()
+            return slot, DoneWork()
         import torch.distributed as dist
 
-        out = torch.empty(len(slot) * self.world_size, dtype=torch.uint8)
+        mine = torch.frombuffer(slot, dtype=torch.uint8)
+        gathered = bytearray(len(slot) * self.world_size)
+        out = torch.frombuffer(gathered, dtype=torch.uint8)
         try:
             if self._direct:
                 try:  # the process group itself: torch's argument checks cost a call's worth
-                    return out, self.group._allgather_base(out, mine)
+                    return gathered, self.group._allgather_base(out, mine)
                 except (AttributeError, TypeError):
                     self._direct = False
-            return out, _gather_single(dist)(out, mine, group=self.group, async_op=True)
+            return gathered, _gather_single(dist)(out, mine, group=self.group, async_op=True)
         except Exception as exc:
             raise ChannelError(f"{type(exc).__name__}: {exc}") from exc
 

@@ -139,7 +139,7 @@ class Exchange:
         self.op = op
         self.mesh = mesh
         self.work: Any = None
-        self.buffer: Any = None  # every process's slot, once gathered (uint8 tensor)
+        self.buffer: Any = None  # every process's slot, once gathered (a bytearray)
         self.data: Any = None  # the same as bytes
         self.payload = b""
         self.outcome: LocalPendingCall | None = None
@@ -255,7 +255,7 @@ class Exchange:
         heads = getattr(self, "_heads", None)
         if heads is None:
             if self.data is None:
-                self.data = memoryview(self.buffer.numpy())
+                self.data = memoryview(self.buffer)
             slot = slot_bytes(self.backend.channel.world_size)
             data = self.data
             heads = [
