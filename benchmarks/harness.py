@@ -204,7 +204,16 @@ def stop_ray(temp_dir: str | None) -> None:
     if ray.is_initialized():
         ray.shutdown()
     if temp_dir:
-        shutil.rmtree(temp_dir, ignore_errors=True)
+        remove_soon(temp_dir)
+
+
+def remove_soon(path: str) -> None:
+    """Remove a Ray temp dir; again a moment later, as exiting Ray processes may still write."""
+    for _ in range(3):
+        shutil.rmtree(path, ignore_errors=True)
+        time.sleep(0.5)
+        if not os.path.exists(path):
+            return
 
 
 class RaySession:

@@ -7,12 +7,11 @@ python ray_startup_driver.py raw MODULES_JSON   # ray.init + 4 actors importing 
 from __future__ import annotations
 
 import json
-import shutil
 import sys
 import tempfile
 import time
 
-from harness import emit
+from harness import emit, remove_soon
 
 WORKERS = 4
 STORE = 256 * 1024 * 1024
@@ -98,7 +97,7 @@ def run_raw(modules: list[str]) -> dict:
     total = time.perf_counter() - start
     start = time.perf_counter()
     ray.shutdown()
-    shutil.rmtree(temp_dir, ignore_errors=True)
+    remove_soon(temp_dir)
     return {"startup_s": total, "initialize_s": init_s, "shutdown_s": time.perf_counter() - start}
 
 
