@@ -84,7 +84,10 @@ def test_lost_node_raises_worker_died_tears_down_the_group_and_leaves_nothing(
                 DeviceGroup("phoenix", [0, 2, 4], "cuda"),
             ],
             restart=["phoenix"],
-            placement_timeout=6,  # also bounds a restart's actors coming up
+            # Also bounds a restart's actors coming up. Device discovery of 3 groups took over
+            # 6 s on a loaded 2-core machine: 20 s leaves room and stays far below the
+            # start_timeout a restart would otherwise wait.
+            placement_timeout=20,
             name=RUN,
         )
         spread = Sleeper(remote_group="spread")
@@ -138,7 +141,7 @@ def test_lost_node_raises_worker_died_tears_down_the_group_and_leaves_nothing(
         took = time.monotonic() - start
         notes = "\n".join(getattr(info.value, "__notes__", []))
         print(f"restart after the loss failed in {took:.2f}s: {notes}")
-        assert took < 30.0
+        assert took < 60.0
         assert "restarting group 'phoenix' failed, so it stays torn down" in notes
         assert "node is most likely gone" in notes
         with pytest.raises(WorkerDiedError, match="its restart failed"):
