@@ -239,3 +239,67 @@ def test_more_processes_than_devices_on_a_node_is_a_configuration_error(fake_cud
     LocalBackend._check_devices(
         group, TorchrunEnv(8, 3, 3, 8, "127.0.0.1", 29500), TorchCpuPlatform()
     )
+
+
+# --------------------------------------------------------------------------- lock order
+@remote_class()
+class Flaky:
+    def __init__(self) -> None:
+        pass
+
+    @remote_function(dispatch="all", collect="first")
+    def fail(self):
+        raise ValueError("nobody collects this")
+
+    @remote_function(dispatch="all", collect="first")
+    def ok(self):
+        return "ok"
+
+
+def _in_thread(fn, timeout: float = 60.0):
+    """Run `fn` in a thread; fail (instead of hanging) when it does not finish in time."""
+    box: dict = {}
+
+    def target():
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # pragma: no cover - reported below
+            box["error"] = exc
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    assert not thread.is_alive(), f"{fn} did not finish within {timeout}s: a lock is held"
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def test_a_failure_hook_may_make_remote_calls_and_uncollected_failures_settle():
+    """The backend's lock is taken after a LazyCollect's (a failure hook calling back in), never
+    the other way round; calls after an uncollected failure return."""
+    from twinkle_core import hookimpl
+    from twinkle_core.plugins import plugin_system, reset_plugins
+
+    seen = []
+
+    class CallsBack:
+        @hookimpl
+        def twinkle_remote_failure(self, failure):
+            seen.append((failure.method, flaky.ok()(timeout=30)))
+
+    reset_plugins()
+    plugin_system().add(CallsBack(), name="calls-back")
+    try:
+        initialize("local")
+        try:
+            flaky = Flaky(remote_group="default")
+            with pytest.raises(ValueError):
+                _in_thread(lambda: flaky.fail()())
+            assert seen == [("Flaky.fail", "ok")]
+            flaky.fail()  # never collected: settled by later calls' bookkeeping
+            assert _in_thread(lambda: [flaky.ok()() for _ in range(10)]) == ["ok"] * 10
+        finally:
+            shutdown()
+    finally:
+        reset_plugins()

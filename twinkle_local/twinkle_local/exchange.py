@@ -270,12 +270,16 @@ class Exchange:
 
     def _decide(self) -> LocalPendingCall:
         heads = self._headers()
-        me = self.backend.channel.rank
-        if not _same_call(heads, heads[me]):
-            return self._diverged()
-        if any(h[FLAGS] & F_FAILED for h in heads):
+        mine = heads[self.backend.channel.rank]
+        kind, ncalls, seq, key = mine[KIND], mine[NCALLS], mine[SEQ], mine[KEY]
+        flags = 0
+        for h in heads:  # one pass: the same call everywhere? any flag?
+            if h[KEY] != key or h[SEQ] != seq or h[KIND] != kind or h[NCALLS] != ncalls:
+                return self._diverged()
+            flags |= h[FLAGS]
+        if flags & F_FAILED:
             return self._failures(heads)
-        if self.info.kind == KIND_REDUCE:
+        if kind == KIND_REDUCE:
             return self._reduced(heads)
         return self._gathered(heads)
 
