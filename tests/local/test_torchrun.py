@@ -187,6 +187,9 @@ def test_lost_rank_ends_the_job(tmp_path, mode):
         assert len(alerts) == 2 and all("WorkerDiedError" in a for a in alerts)
         broken = json.loads((tmp_path / "broken0.json").read_text())
         assert "during Fragile.step" in broken["again"]
+        # The hung process told, through the store, where it was.
+        assert "process 1 " in broken["first"] and "running Fragile.step" in broken["first"]
+        assert "time.sleep(300)" in broken["first"]
         assert broken["again_took"] < 1  # no second wait for the timeout
     started = json.loads((tmp_path / "start0.json").read_text())["t"]
     took = job.ended_at - started

@@ -324,7 +324,7 @@ class LocalBackend(ExecutionBackend):
                     self.mark_broken(
                         CallTimeoutError(
                             f"the exchange of {last.info.describe()} did not finish within "
-                            f"{timeout:g}s{_stacks_text(stacks)}"
+                            f"{timeout:g}s{self._stacks_text(stacks)}"
                         ),
                         last.info.label,
                     )
@@ -365,8 +365,22 @@ class LocalBackend(ExecutionBackend):
         stacks = self.watchdog.request_stacks(STACK_WAIT_S)
         return CallTimeoutError(
             f"did not finish within {timeout:g}s: not every torchrun process reached "
-            f"{exchange.info.describe()}{_stacks_text(stacks)}"
+            f"{exchange.info.describe()}{self._stacks_text(stacks)}"
         )
+
+    def _stacks_text(self, stacks: dict[int, str]) -> str:
+        """The other processes' own reports of where they are, for an error message."""
+        world = self.channel.world_size
+        if world <= 1:
+            return ""
+        silent = [r for r in range(world) if r != self.env.rank and r not in stacks]
+        parts = [stacks[r] for r in sorted(stacks)]
+        if silent:
+            parts.append(
+                f"process{'es' if len(silent) > 1 else ''} {', '.join(map(str, silent))}: no "
+                f"answer within {STACK_WAIT_S:g}s (dead, or stuck without releasing Python's GIL)"
+            )
+        return "; where the other processes are:\n" + "\n".join(parts)
 
     def try_finish(self, exchange: Exchange) -> bool:
         """Finish `exchange` (and those before it) if that needs no waiting; for `done()`."""
@@ -409,7 +423,7 @@ class LocalBackend(ExecutionBackend):
         detail = ""
         if isinstance(exc, ChannelError):
             if exc.timed_out:
-                detail = _stacks_text(self.watchdog.request_stacks(STACK_WAIT_S))
+                detail = self._stacks_text(self.watchdog.request_stacks(STACK_WAIT_S))
             else:
                 detail = self._shutdown_notes()
         self.broken = exc
@@ -693,10 +707,3 @@ def _add_note(exc: BaseException, note: str) -> None:
         exc.add_note(note)
     else:  # pragma: no cover - Python 3.10
         exc.__notes__ = [*getattr(exc, "__notes__", []), note]
-
-
-def _stacks_text(stacks: dict[int, str]) -> str:
-    """The other processes' own reports of where they are, for an error message."""
-    if not stacks:
-        return ""
-    return "; where the other processes are:\n" + "\n".join(stacks[r] for r in sorted(stacks))
