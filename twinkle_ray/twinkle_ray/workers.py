@@ -14,11 +14,12 @@ raised. A dead actor tears its whole group down. Completion is tracked with call
 
 from __future__ import annotations
 
+import collections
 import logging
 import queue
 import threading
 import time
-from collections import Counter
+import weakref
 from typing import Any
 
 import ray
@@ -113,7 +114,9 @@ class Shipper:
     """
 
     def __init__(self, per_call: list[tuple[tuple, dict]]) -> None:
-        self.counts = Counter(id(v) for args, kwargs in per_call for v in (*args, *kwargs.values()))
+        self.counts = collections.Counter(
+            id(v) for args, kwargs in per_call for v in (*args, *kwargs.values())
+        )
         self.refs: dict[int, ray.ObjectRef] = {}
         self.puts = 0
 
@@ -175,8 +178,17 @@ class RayPendingCall(PendingCall):
         self._ready: list[int] | None = None
         if _HAS_ON_READY:
             ready: list[int] = []
+            n = len(value_refs)
+            finished = workers.finished
+            me = weakref.ref(self)
+
+            def on_ready(i: int) -> None:  # on Ray's own thread: only note it
+                ready.append(i)
+                if len(ready) == n:
+                    finished.append(me)
+
             for i, ref in enumerate(value_refs):
-                ref._on_ready(lambda exc, i=i: ready.append(i))
+                ref._on_ready(lambda exc, i=i: on_ready(i))
             self._ready = ready
 
     # ------------------------------------------------------------------ state
@@ -256,6 +268,10 @@ class RayPendingCall(PendingCall):
             return self._replies
         if self._failures:
             raise WorkersFailedError(self._failures)
+        if self.workers.finished:
+            self.workers.fetch_finished()  # this call's replies too, when it has finished
+            if self._replies is not None:
+                return self._replies
         try:
             replies = ray.get(self.value_refs, timeout=timeout)
         except rex.GetTimeoutError:
@@ -432,6 +448,9 @@ class RayWorkerGroup(WorkerGroup):
         self.torn_down: str | None = None
         self._local = threading.local()
         self._methods: dict[tuple[int, str], Any] = {}
+        #: Calls of this group whose workers all finished, not yet fetched (weak references,
+        #: appended by completion callbacks): fetched together by `fetch_finished`.
+        self.finished: collections.deque = collections.deque()
         self.handles = handles
 
     @property
@@ -446,6 +465,7 @@ class RayWorkerGroup(WorkerGroup):
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state.pop("_local", None)
+        state.pop("finished", None)
         state["_methods"] = {}
         state["restarter"] = None
         return state
@@ -453,6 +473,37 @@ class RayWorkerGroup(WorkerGroup):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._local = threading.local()
+        self.finished = collections.deque()
+
+    #: At most this many finished calls are fetched by one `ray.get`.
+    FETCH_BATCH = 1024
+
+    def fetch_finished(self) -> None:
+        """Fetch the replies of every finished, unfetched call of this group in one `ray.get`
+        (where raw Ray code would `ray.get` a list of refs); calls with a failure among them
+        are left to fetch their own."""
+        queue = self.finished
+        calls = []
+        while queue and len(calls) < self.FETCH_BATCH:
+            try:
+                pending = queue.popleft()()
+            except IndexError:  # another thread took the last one
+                break
+            if pending is not None and pending._replies is None and not pending._failures:
+                calls.append(pending)
+        if not calls:
+            return
+        refs = [ref for pending in calls for ref in pending.value_refs]
+        try:
+            replies = ray.get(refs, timeout=0)  # all finished: nothing to wait for
+        except Exception:
+            return
+        start = 0
+        for pending in calls:
+            stop = start + len(pending.value_refs)
+            if pending._replies is None:
+                pending._replies = replies[start:stop]
+            start = stop
 
     def actor_method(self, rank: int, method: str) -> Any:
         """The Ray actor method that runs `method` on worker `rank` (cached per handle)."""
