@@ -93,6 +93,10 @@ class Probe:
     def _tw_call(self):
         return "user _tw_call"
 
+    @remote_function(dispatch="all", collect="first")
+    def instance(self):
+        return "user instance"
+
 
 @remote_class()
 class Sink:
@@ -211,10 +215,25 @@ def test_issuing_costs_the_same_however_many_calls_are_pending(run):
 
 def test_a_call_without_arguments_is_a_task_without_arguments(run):
     workers = _workers(run["four"])
-    assert {"noop", "hello", "options", "keywords"} <= workers.direct
+    assert {"noop", "hello", "options", "keywords", "instance"} <= workers.direct
     assert "_tw_call" not in workers.direct  # reserved: goes through the generic method
     pending = run["four"].noop().source.pending
     assert len(pending.value_refs) == 4  # one reply per worker, no metadata twin
+
+
+def test_arguments_ray_cannot_ship_are_refused_before_sending(run, tmp_path):
+    import threading
+
+    from twinkle_core import ConfigurationError
+
+    lock = threading.Lock()
+    with pytest.raises(ConfigurationError, match=r"Probe.keywords: argument 0 \(function\)"):
+        run["four"].keywords(lambda: lock)
+    path = tmp_path / "data.txt"
+    path.write_text("contents")
+    with open(path) as f, pytest.raises(ConfigurationError, match="is an open file"):
+        run["four"].keywords(f)
+    assert run["four"].keywords(1)() == [[1, "default", None]] * 4  # the group still works
 
 
 def test_keywords_and_reserved_names_reach_the_users_methods(run):
@@ -224,6 +243,7 @@ def test_keywords_and_reserved_names_reach_the_users_methods(run):
     assert four.hello()() == "user hello"
     assert four.options(3)() == ["user options", 3]
     assert four._tw_call()() == "user _tw_call"
+    assert four.instance()() == "user instance"
 
 
 # ------------------------------------------------------------------------ results

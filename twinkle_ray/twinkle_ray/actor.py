@@ -9,7 +9,7 @@ hands the arguments straight to the class's own `__init__`.
 Each user class gets its own actor class (`actor_class_for`) with one actor method per method of
 the user's class, so a call travels as `handle.<method>.remote(*args, **kwargs)`: exactly the
 arguments the user's method takes and nothing else (every extra argument of a Ray call costs
-serialization on both sides). Twinkle's own methods are named `_tw_*`.
+serialization on both sides). Twinkle's own methods and attributes are named `_tw_*`.
 """
 
 from __future__ import annotations
@@ -59,29 +59,31 @@ def free_port() -> int:
 
 
 class TwinkleActor:
-    """One worker process of a remote class (wrapped by `ray.remote` in `workers.py`)."""
+    """One worker process of a remote class (subclassed per user class by `actor_class_for`,
+    wrapped by `ray.remote` in `backend.py`). Its own attributes and methods are all named
+    `_tw_*`, so they never hide a method of the user's class."""
 
     def __init__(self, boot: ActorBoot) -> None:
         for name in boot.noset_env:
             os.environ[name] = "1"  # keep Ray from overriding the visibility twinkle sets
         os.environ.update(boot.env)
-        self.boot = boot
-        self.instance: Any = None
-        self._refused: BaseException | None = None  # why `_tw_hello` failed, if it did
+        self._tw_boot = boot
+        self._tw_instance: Any = None
+        self._tw_refused: BaseException | None = None  # why `_tw_hello` failed, if it did
 
     def _tw_hello(self) -> dict[str, Any]:
         """Where this actor runs; fails when it is not on the planned node or devices (and
         then `_tw_construct`, queued right behind it, refuses to build the user's object)."""
         try:
-            return self._check_placement()
+            return self._tw_check_placement()
         except BaseException as exc:
-            self._refused = exc
+            self._tw_refused = exc
             raise
 
-    def _check_placement(self) -> dict[str, Any]:
+    def _tw_check_placement(self) -> dict[str, Any]:
         ctx = ray.get_runtime_context()
         node_id = ctx.get_node_id()
-        boot = self.boot
+        boot = self._tw_boot
         where = f"worker rank {boot.rank} of group {boot.group!r} ({boot.class_name})"
         if boot.expected_node and node_id != boot.expected_node:
             raise RuntimeError(
@@ -130,17 +132,17 @@ class TwinkleActor:
         The user's arguments are this call's own arguments, so Ray resolves object refs among
         them (shared shards put once by the driver) before the call, fetching them concurrently.
         """
-        if self._refused is not None:
+        if self._tw_refused is not None:
             raise RuntimeError(
-                f"not constructing {self.boot.class_name}: this actor failed its start-up "
-                f"check ({type(self._refused).__name__}: {self._refused})"
+                f"not constructing {self._tw_boot.class_name}: this actor failed its start-up "
+                f"check ({type(self._tw_refused).__name__}: {self._tw_refused})"
             )
         os.environ["MASTER_ADDR"] = master[0]
         os.environ["MASTER_PORT"] = str(master[1])
         set_process_worker_context(ctx)
         seed_everything(seed, full_determinism)
         try:
-            self.instance = cls(*args, **kwargs)
+            self._tw_instance = cls(*args, **kwargs)
         except BaseException as exc:
             _raise_portable(exc, "__init__", ctx.rank)
         self._maybe_register_tensors()
@@ -149,9 +151,9 @@ class TwinkleActor:
     def _tw_run(self, method: str, args: tuple, kwargs: dict) -> Any:
         """Run one method of the user's object; its result, large ones as a `Stored` envelope."""
         try:
-            value = getattr(self.instance, method)(*args, **kwargs)
+            value = getattr(self._tw_instance, method)(*args, **kwargs)
         except BaseException as exc:
-            _raise_portable(exc, method, self.boot.rank)
+            _raise_portable(exc, method, self._tw_boot.rank)
         if not _tensors_registered:
             self._maybe_register_tensors()
         return pack_result(value)

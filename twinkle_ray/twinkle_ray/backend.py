@@ -33,6 +33,7 @@ from .actor import ActorBoot, actor_class_for
 from .cluster import ClusterConnection
 from .envvars import passthrough_patterns, select
 from .options import RayOptions
+from .payload_check import checked_arguments
 from .resources import ClusterResourceError, ResourceManager, embedded_cluster_cpus, ray_request
 from .transfer import register_tensor_serializer, reset_tensor_serializer
 from .workers import RayPendingCall, RayWorkerGroup, ship_all
@@ -281,15 +282,38 @@ class RayBackend(ExecutionBackend):
         deadline = time.monotonic() + timeout
         handles = workers.handles
         ranks = list(range(len(slots)))
+        generation = workers.restarts
         hello = RayPendingCall(
-            workers, "__init__ (start-up)", ranks, [h._tw_hello.remote() for h in handles]
+            workers,
+            "__init__ (start-up)",
+            ranks,
+            [h._tw_hello.remote() for h in handles],
+            generation,
         )
         # Queued right behind each actor's check, so the constructors start without another
         # round trip: rank 0's free port reaches every constructor as an object ref.
         master = handles[0]._tw_free_port.remote()
-        shipped = ship_all([WorkerCall(r, args, kwargs) for r in ranks])
+        calls = [WorkerCall(r, args, kwargs) for r in ranks]
+        with checked_arguments(workers.class_name, "__init__", calls):
+            refs = self._construct(workers, slots, cls, calls, config, master)
+        construct = RayPendingCall(workers, "__init__", ranks, refs, generation)
+        try:
+            _raise_first(hello, min(timeout, hello_timeout or timeout), "start")
+        except CallTimeoutError as exc:
+            if hello_timeout is None or hello_timeout >= timeout:
+                raise
+            raise ClusterResourceError(
+                f"the actors of group {workers.group.name!r} ({workers.class_name}) did not "
+                f"start within placement_timeout={hello_timeout:g}s in the bundles the run "
+                f"already holds, so their node is most likely gone ({exc})"
+            ) from None
+        _raise_first(construct, max(1.0, deadline - time.monotonic()), "construct")
+
+    def _construct(self, workers, slots, cls, calls, config, master) -> list[Any]:
+        """Queue the user's constructor on every actor (its arguments shipped once)."""
+        shipped = ship_all(calls)
         refs = []
-        for slot, handle, (a, k) in zip(slots, handles, shipped, strict=True):
+        for slot, handle, (a, k) in zip(slots, workers.handles, shipped, strict=True):
             ctx = WorkerContext(
                 rank=slot.rank,
                 world_size=slot.world_size,
@@ -312,18 +336,7 @@ class RayBackend(ExecutionBackend):
                     master, ctx, config.seed, config.full_determinism, cls, *a, **k
                 )
             )
-        construct = RayPendingCall(workers, "__init__", ranks, refs)
-        try:
-            _raise_first(hello, min(timeout, hello_timeout or timeout), "start")
-        except CallTimeoutError as exc:
-            if hello_timeout is None or hello_timeout >= timeout:
-                raise
-            raise ClusterResourceError(
-                f"the actors of group {workers.group.name!r} ({workers.class_name}) did not "
-                f"start within placement_timeout={hello_timeout:g}s in the bundles the run "
-                f"already holds, so their node is most likely gone ({exc})"
-            ) from None
-        _raise_first(construct, max(1.0, deadline - time.monotonic()), "construct")
+        return refs
 
     # ------------------------------------------------------------------ facts
     def describe(self) -> dict[str, Any]:

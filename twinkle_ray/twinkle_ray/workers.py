@@ -46,6 +46,7 @@ from twinkle_core.plugin import (
 )
 
 from .actor import RESERVED_PREFIX
+from .payload_check import checked_arguments
 from .transfer import (
     RemoteArray,
     RemoteCollected,
@@ -612,19 +613,30 @@ class RayWorkerGroup(WorkerGroup):
                 ],
             )
         register_tensor_serializer()
-        shipped = ship_all(calls)
-        refs = []
-        if not has_remote and method in self.direct:
-            for call, (args, kwargs) in zip(calls, shipped, strict=True):
-                refs.append(self.actor_method(call.rank, method).remote(*args, **kwargs))
+        if any(c.args or c.kwargs for c in calls):
+            # Arguments Ray would ship wrongly (an open file, a lock) are refused before
+            # anything is sent, and one that does not pickle is named without its value.
+            with checked_arguments(self.class_name, method, calls):
+                refs = self._send(method, calls, has_remote)
         else:
-            for call, (args, kwargs) in zip(calls, shipped, strict=True):
-                refs.append(
-                    self.actor_method(call.rank, f"{RESERVED_PREFIX}call").remote(
-                        method, has_remote, *args, **kwargs
-                    )
-                )
+            refs = self._send(method, calls, has_remote)
         return RayPendingCall(self, method, [c.rank for c in calls], refs, self.restarts)
+
+    def _send(self, method: str, calls: list[WorkerCall], has_remote: bool) -> list[Any]:
+        """One actor task per call: the method under its own name with exactly the user's
+        arguments, or (arguments holding remote placeholders, reserved names) by name."""
+        shipped = ship_all(calls)
+        if not has_remote and method in self.direct:
+            return [
+                self.actor_method(call.rank, method).remote(*args, **kwargs)
+                for call, (args, kwargs) in zip(calls, shipped, strict=True)
+            ]
+        return [
+            self.actor_method(call.rank, f"{RESERVED_PREFIX}call").remote(
+                method, has_remote, *args, **kwargs
+            )
+            for call, (args, kwargs) in zip(calls, shipped, strict=True)
+        ]
 
     # ------------------------------------------------------------------ chaining
     def resolve_argument(self, value: LazyCollect) -> Any:
