@@ -307,8 +307,9 @@ def bench(session: nox.Session) -> None:
 def bench_quick(session: nox.Session) -> None:
     """benchmarks/run.py --quick: the CI-sized run that fails only on gross regressions."""
     _install(session, *PACKAGES, torch=True)
+    _check_env(session, ALL_IMPORTS)
     out = ["--json", str(REPORTS / "bench.json"), "--markdown", str(REPORTS / "bench.md")]
-    session.run("python", "benchmarks/run.py", "--quick", *out)
+    session.run("python", "benchmarks/run.py", "--quick", *out, env=WRITE_BYTECODE)
 
 
 @nox.session

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Set up and run every check: the nox sessions lint, docs, core, dingtalk, local, ray and
-# integration and bench-quick (see noxfile.py), then one summary of all test suites. Needs only Python 3.11+
-# and pip: nox and uv are installed into .venvs/tools, the environments into .nox/ (reused, so
+# Set up and run every check: the nox sessions lint, docs, core, dingtalk, local, ray,
+# integration and bench-quick (see noxfile.py), then one summary of all test suites. Needs only
+# Python 3.11+ and pip: nox and uv are installed into .venvs/tools, the environments into .nox/ (reused, so
 # a second run is fast). Every session runs even when an earlier one fails; the exit code is
 # non-zero when any failed.
 #
