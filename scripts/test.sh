@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Set up and run every check: the nox sessions lint, docs, core, dingtalk, local, ray,
 # integration and bench-quick (see noxfile.py), then one summary of all test suites. Needs only
-# Python 3.11+ and pip: nox and uv are installed into .venvs/tools, the environments into .nox/ (reused, so
-# a second run is fast). Every session runs even when an earlier one fails; the exit code is
-# non-zero when any failed.
+# Python 3.11+ and pip: nox and uv are installed into .venvs/tools, the environments into .nox/
+# (reused, so a second run is fast). Every session runs even when an earlier one fails; the exit
+# code is non-zero when any failed.
 #
 #   bash scripts/test.sh                     # everything (what CI runs)
 #   bash scripts/test.sh core local          # some sessions (also: bench, demo, dist)
