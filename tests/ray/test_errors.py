@@ -128,13 +128,20 @@ def test_constructor_failure_raises_the_users_exception_and_leaves_nothing(run):
 
 
 def test_several_ranks_failing_are_grouped_by_distinct_error(run):
-    # Collected at once: ranks failing together are grouped (a short bounded grace after the
-    # first failure), as the in-process reference reports them.
+    # Ranks failing together are grouped when they fail within the short grace after the
+    # first failure; one failing later (a loaded machine) is added as a note to the exception
+    # already raised. Either way both errors end up on the exception, without a timing bound.
     with pytest.raises(KeyError) as info:
         run["flaky"].different_errors()()
-    notes = "\n".join(info.value.__notes__)
-    assert "KeyError: 'zero'" in notes and "ValueError: one" in notes
-    assert "rank 0" in notes and "rank 1" in notes
+    deadline = time.monotonic() + 30
+    notes = ""
+    while time.monotonic() < deadline:
+        notes = "\n".join(info.value.__notes__)
+        if "ValueError: one" in notes and "rank 1" in notes:
+            break
+        time.sleep(0.05)
+    assert "KeyError" in type(info.value).__name__ and "rank 0" in notes
+    assert "ValueError: one" in notes and "rank 1" in notes
 
 
 def test_waiting_fails_fast_when_one_rank_fails(run):
