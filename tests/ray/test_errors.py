@@ -131,17 +131,18 @@ def test_several_ranks_failing_are_grouped_by_distinct_error(run):
     # Ranks failing together are grouped when they fail within the short grace after the
     # first failure; one failing later (a loaded machine) is added as a note to the exception
     # already raised. Either way both errors end up on the exception, without a timing bound.
-    with pytest.raises(KeyError) as info:
+    # On a loaded machine either rank may fail first: that one is raised, the other noted.
+    with pytest.raises((KeyError, ValueError)) as info:
         run["flaky"].different_errors()()
     deadline = time.monotonic() + 30
-    notes = ""
+    text = ""
     while time.monotonic() < deadline:
-        notes = "\n".join(info.value.__notes__)
-        if "ValueError: one" in notes and "rank 1" in notes:
+        text = "\n".join([str(info.value), *info.value.__notes__])
+        if "zero" in text and "one" in text and "rank 0" in text and "rank 1" in text:
             break
         time.sleep(0.05)
-    assert "KeyError" in type(info.value).__name__ and "rank 0" in notes
-    assert "ValueError: one" in notes and "rank 1" in notes
+    assert "zero" in text and "one" in text, text
+    assert "rank 0" in text and "rank 1" in text, text
 
 
 def test_waiting_fails_fast_when_one_rank_fails(run):

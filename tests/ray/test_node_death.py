@@ -143,7 +143,9 @@ def test_lost_node_raises_worker_died_tears_down_the_group_and_leaves_nothing(
         print(f"restart after the loss failed in {took:.2f}s: {notes}")
         assert took < 60.0
         assert "restarting group 'phoenix' failed, so it stays torn down" in notes
-        assert "node is most likely gone" in notes
+        # Under load the restart's actors may be seen dying with the node before the
+        # placement_timeout runs out: either way the note says the node is gone.
+        assert "node is most likely gone" in notes or "died with its node" in notes
         with pytest.raises(WorkerDiedError, match="its restart failed"):
             phoenix.where()()
     finally:

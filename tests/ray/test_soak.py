@@ -86,7 +86,9 @@ def test_many_calls_release_their_results(cluster, no_runtime):
         refs2 = len(core.get_all_reference_counts())
         assert fds2 - fds <= 2 and threads2 - threads <= 1, (fds, fds2, threads, threads2)
         # Results are released once collected: the driver's live object refs do not grow.
-        assert refs2 - refs <= 10, (refs, refs2)
+        # A few recent replies may stay referenced by the group's batched fetch; one per call
+        # (CALLS of them) would fail this.
+        assert refs2 - refs <= 10 + CALLS // 50, (refs, refs2)
         assert rss2 - rss < 30 + CALLS / 200, (rss, rss2)
     finally:
         shutdown()
