@@ -21,6 +21,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
+from . import trace as tracing
 from .backend import (
     CompletedCall,
     ExecutionBackend,
@@ -119,6 +120,7 @@ __all__ = [
     "set_rng_state",
     "tag_call_site",
     "torch_module",
+    "tracing",
     "worker_context",
     "worker_failure",
 ]

@@ -12,7 +12,8 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from .context import WorkerContext, worker_context
+from . import trace as _trace
+from .context import WorkerContext, get_worker_context, worker_context
 from .errors import WorkerExitError
 from .failures import WorkerFailure, format_remote_traceback
 from .seeding import get_rng_state, seed_everything, set_rng_state
@@ -103,10 +104,41 @@ def run_method(
     `SystemExit` from user code is that worker's failure (a `WorkerExitError`), not the end
     of the process; `KeyboardInterrupt` is left alone here (in a process shared with the
     driver it is the user's own Ctrl-C).
+
+    While a trace is recorded (`twinkle_core.trace`), the execution is recorded as one event.
     """
+    rec = _trace.RECORDER
+    if rec is not None:
+        return _run_traced(rec, instance, method, args, kwargs, rank=rank, node=node)
     try:
         return True, getattr(instance, method)(*args, **kwargs)
     except Exception as exc:
         return False, worker_failure(rank, exc, node)
     except SystemExit as exc:
         return False, worker_failure(rank, exit_error(exc, method, rank), node)
+
+
+def _run_traced(
+    rec: _trace.Recorder,
+    instance: Any,
+    method: str,
+    args: tuple,
+    kwargs: dict,
+    *,
+    rank: int,
+    node: str | None,
+) -> tuple[bool, Any]:
+    """`run_method` with the execution recorded (in the group and rank of the worker)."""
+    ctx = get_worker_context()
+    group = ctx.group_name if ctx is not None else "?"
+    call = rec.current_call()
+    start = _trace.now_ns()
+    try:
+        return True, getattr(instance, method)(*args, **kwargs)
+    except Exception as exc:
+        return False, worker_failure(rank, exc, node)
+    except SystemExit as exc:
+        return False, worker_failure(rank, exit_error(exc, method, rank), node)
+    finally:
+        name = f"{type(instance).__name__}.{method}"
+        rec.worker_finished(name, group, rank, node, start, call)
