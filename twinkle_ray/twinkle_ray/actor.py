@@ -165,6 +165,11 @@ class TwinkleActor:
             args, kwargs = materialize((args, kwargs))
         return self._tw_run(method, args, kwargs)
 
+    def _tw_apply(self, fn: Any, /, *args: Any) -> Any:
+        """Run twinkle's own function `fn(*args)` in this actor's process (e.g. joining a
+        collective group, `twinkle_ray.collective`); user code never comes through here."""
+        return fn(*args)
+
     def _tw_environment(self, names: list[str] | None = None) -> dict[str, str]:
         """This process's environment (or the listed variables): for tests and debugging."""
         if names is None:
