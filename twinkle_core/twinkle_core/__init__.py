@@ -16,6 +16,7 @@ except PackageNotFoundError:  # pragma: no cover - a source tree that was never 
 from typing import Any
 
 from .collect import Collector
+from .collective import Collective, CollectiveGroup, collective, collective_group
 from .context import WorkerContext, get_worker_context
 from .device_group import DeviceGroup
 from .device_mesh import DeviceMesh
@@ -44,6 +45,8 @@ from .waiting import as_completed, wait
 __all__ = [
     "CallTimeoutError",
     "CollectError",
+    "Collective",
+    "CollectiveGroup",
     "Collector",
     "ConfigurationError",
     "DeviceGroup",
@@ -62,6 +65,8 @@ __all__ = [
     "WorkerExitError",
     "__version__",
     "as_completed",
+    "collective",
+    "collective_group",
     "get_device_placement",
     "get_worker_context",
     "hookimpl",

@@ -18,6 +18,7 @@ from .device_mesh import DeviceMesh
 
 if TYPE_CHECKING:
     from .collect import Collector
+    from .collective import CollectiveGroup
     from .lazy import LazyCollect
     from .runtime import RuntimeConfig
 
@@ -157,6 +158,22 @@ class ExecutionBackend(ABC):
 
     def shutdown(self) -> None:
         """Release everything the backend made; safe to call twice."""
+
+    def create_collective_group(self, group: CollectiveGroup, workers: list[WorkerGroup]) -> None:
+        """Make every worker of `workers` a member of `group` (`twinkle_core.collective_group`).
+
+        Optional. Member `i` of `group.members` gets rank `i`; each member's worker context must
+        then hold its `Collective` under `group.name` (`context.collectives`), so
+        `twinkle_core.collective(name)` finds it inside the worker. Waits are bounded by
+        `group.timeout`; the backend destroys its groups in `shutdown()`.
+        """
+        from .errors import ConfigurationError
+
+        raise ConfigurationError(
+            f"collective_group({group.name!r}): mode {self.name!r} does not support collective "
+            f"groups (its backend does not implement ExecutionBackend.create_collective_group); "
+            "use mode 'ray', 'local' or 'inprocess'"
+        )
 
     def claim_notification(self, key: str) -> bool:
         """Whether this process should send the alert `key` (one sender per job)."""

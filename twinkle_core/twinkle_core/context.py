@@ -5,9 +5,21 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from .device_mesh import DeviceMesh
+
+if TYPE_CHECKING:
+    from .collective import Collective
+
+
+class Memberships(dict):
+    """A worker's collective groups by name (process-local: a copy sent elsewhere is empty,
+    since process groups cannot travel)."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), ())
 
 
 @dataclass(frozen=True)
@@ -27,6 +39,23 @@ class WorkerContext:
     node_id: str | None = None
     device_type: str = "cpu"
     device_ids: tuple[int, ...] = ()
+    #: The collective groups this worker is a member of (see `collective()`).
+    collectives: Memberships = field(default_factory=Memberships, compare=False, repr=False)
+
+    def collective(self, name: str) -> Collective:
+        """This worker's member of the collective group `name` (`twinkle_core.collective_group`)."""
+        found = self.collectives.get(name)
+        if found is None:
+            from .errors import ConfigurationError
+
+            mine = ", ".join(repr(n) for n in self.collectives) or "none"
+            raise ConfigurationError(
+                f"collective({name!r}): this worker (group {self.group_name!r} rank {self.rank}) "
+                f"is not a member of a collective group named {name!r} (its groups: {mine}); "
+                f"create it on the driver with twinkle_core.collective_group({name!r}, [...]) "
+                "listing this worker's object"
+            )
+        return found  # type: ignore[no-any-return]
 
     @property
     def data_rank(self) -> int:

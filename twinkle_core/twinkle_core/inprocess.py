@@ -22,6 +22,7 @@ from .backend import (
     WorkerPlacement,
     read_options,
 )
+from .collective import CollectiveGroup, MemberHub
 from .context import WorkerContext
 from .device_group import DeviceGroup
 from .device_mesh import DeviceMesh
@@ -147,9 +148,33 @@ class InProcessBackend(ExecutionBackend):
             states.append(state)
             placements.append(WorkerPlacement(rank, self.node, ctx.device_ids, group.device_type))
         return InProcessWorkerGroup(
-            group, device_mesh, cls.__name__, instances, states, self.isolate, placements,
+            group,
+            device_mesh,
+            cls.__name__,
+            instances,
+            states,
+            self.isolate,
+            placements,
             self.lock,
         )
+
+    def create_collective_group(self, group: CollectiveGroup, workers: list[WorkerGroup]) -> None:
+        """Every member lives in this process: they meet through one `MemberHub` (members run
+        one after another, so only a broadcast whose source comes first crosses objects; see
+        `twinkle_core.collective`)."""
+        hub = MemberHub(
+            group,
+            range(group.world_size),
+            (0,) * group.world_size,
+            link=None,
+            mode=self.name,
+        )
+        rank = 0
+        for w in workers:
+            assert isinstance(w, InProcessWorkerGroup)
+            for state in w.states:
+                state.context.collectives[group.name] = hub.member(rank)
+                rank += 1
 
     def describe(self) -> dict[str, Any]:
         return {"node": self.node}

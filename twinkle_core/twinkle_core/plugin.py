@@ -45,6 +45,16 @@ from .collect import (
     as_collector,
     representatives,
 )
+from .collective import (
+    Collective,
+    CollectiveGroup,
+    CollectiveMember,
+    MemberHub,
+    ProcessLink,
+    as_tensor_list,
+    check_op,
+    check_src,
+)
 from .context import WorkerContext, set_process_worker_context, worker_context
 from .dispatch import BUILTIN_DISPATCHERS, Dispatcher, as_dispatcher
 from .failures import (
@@ -70,6 +80,9 @@ __all__ = [
     "BUILTIN_DISPATCHERS",
     "AcceleratorPlatform",
     "CallFailure",
+    "Collective",
+    "CollectiveGroup",
+    "CollectiveMember",
     "Collector",
     "CompletedCall",
     "ConcatCollector",
@@ -80,10 +93,12 @@ __all__ = [
     "FlattenCollector",
     "LastPPCollector",
     "MeanCollector",
+    "MemberHub",
     "NoneCollector",
     "Notifier",
     "PendingCall",
     "PortableException",
+    "ProcessLink",
     "RemoteError",
     "RuntimeConfig",
     "SumCollector",
@@ -97,7 +112,10 @@ __all__ = [
     "add_note",
     "as_collector",
     "as_dispatcher",
+    "as_tensor_list",
     "call_mesh",
+    "check_op",
+    "check_src",
     "combine",
     "detect_platform",
     "exit_error",
