@@ -30,6 +30,8 @@ from twinkle_core.plugin import (
     CompletedCall,
     ConcatCollector,
     FirstCollector,
+    FlattenCollector,
+    LastPPCollector,
     MeanCollector,
     NoneCollector,
     PendingCall,
@@ -40,6 +42,7 @@ from twinkle_core.plugin import (
     WorkerPlacement,
     WorkersFailedError,
     add_note,
+    combine,
     format_remote_traceback,
     rebuilt,
     representatives,
@@ -53,8 +56,11 @@ from .transfer import (
     RemoteValue,
     ResultMeta,
     Stored,
+    has_unknown,
     meta_of,
+    mirror,
     register_tensor_serializer,
+    tree_of,
 )
 
 #: Ray errors that mean the worker process (or its node) is gone, not that user code raised.
@@ -260,8 +266,13 @@ class RayPendingCall(PendingCall):
     def wait_meta(self, timeout: float | None) -> list[ResultMeta]:
         """The results' metadata only (large results stay in the object store); fails like
         `wait`."""
+        return [meta_of(reply) for reply in self.wait_replies(timeout)]
+
+    def wait_replies(self, timeout: float | None) -> list[Any]:
+        """Every worker's reply: small results themselves, large ones as `Stored` envelopes
+        (which stay in the object store); fails like `wait`."""
         with self._lock:
-            return [meta_of(reply) for reply in self._fetch_replies(timeout)]
+            return self._fetch_replies(timeout)
 
     def _fetch_replies(self, timeout: float | None) -> list[Any]:
         """Every worker's reply: one `ray.get` of the list, which fails fast."""
@@ -642,21 +653,24 @@ class RayWorkerGroup(WorkerGroup):
     def resolve_argument(self, value: LazyCollect) -> Any:
         """Hand a producer's results to this group's workers without fetching them here.
 
-        Where the collected value's shape is known from the producer's metadata, the argument
-        becomes a placeholder that dispatchers slice like the real value; each consumer
-        worker then fetches only the producer results its share needs. Otherwise (custom
-        collectors, nested containers) the value is collected on the driver as usual.
+        For every built-in collector, the argument becomes a placeholder built from the
+        producer's replies (small results, and envelopes describing large ones): real
+        dicts/lists/tuples whose arrays and other leaves stand for parts of the producer's
+        results, which dispatchers walk and slice like the real value; each consumer worker
+        then fetches only the producer results its share needs, straight from the object
+        store. Otherwise (custom collectors, dict subclasses, very large structures) the
+        value is collected on the driver as usual.
         """
         source = getattr(value, "source", None)
         pending = getattr(source, "pending", None)
         if value.resolved or not isinstance(pending, RayPendingCall):
             return value()
         try:
-            metas = pending.wait_meta(None)
+            replies = pending.wait_replies(None)
         except (WorkersFailedError, CallTimeoutError):
             return value()  # raises the producer's failure, tagged with its call site
         placeholder = build_placeholder(
-            source.collector, source.device_mesh, pending.value_refs, metas
+            source.collector, source.device_mesh, pending.value_refs, replies
         )
         if placeholder is None:
             return value()
@@ -664,29 +678,110 @@ class RayWorkerGroup(WorkerGroup):
         return placeholder
 
 
-def build_placeholder(
-    collector: Any, mesh: DeviceMesh, refs: list[ray.ObjectRef], metas: list[ResultMeta]
-) -> Any | None:
-    """A stand-in for `collector.collect(results, mesh)` that dispatchers treat the same way."""
+class _Fallback(Exception):
+    """A collected value no placeholder can stand for: it is collected on the driver."""
+
+
+#: Collectors whose value placeholders can stand for (exactly these classes: a subclass may
+#: collect differently).
+_STRUCTURAL = (NoneCollector, FirstCollector, LastPPCollector, FlattenCollector)
+_REDUCING = (SumCollector, MeanCollector)
+
+
+def used_results(collector: Any, mesh: DeviceMesh, n: int) -> list[int]:
+    """The indices of the results `collector` looks at."""
     kind = type(collector)
+    everything = list(range(n))
     if kind is NoneCollector:
-        return [RemoteValue(r) for r in refs]
+        return everything
     if kind is FirstCollector:
-        meta = metas[0]
-        if meta.kind in ("opaque", "number"):
-            return RemoteValue(refs[0])
-        if meta.kind in ("ndarray", "tensor"):
-            return RemoteArray([(refs[0], 0, meta.length or 0)], meta.kind)
+        return [0]
+    if kind is LastPPCollector:
+        if mesh is None or n != mesh.world_size:
+            return everything
+        index = {rank: i for i, rank in enumerate(mesh.ranks)}
+        return [index[r] for r in mesh.pp_last_ranks()]
+    return representatives(everything, mesh)
+
+
+def build_placeholder(
+    collector: Any, mesh: DeviceMesh, refs: list[ray.ObjectRef], replies: list[Any]
+) -> Any | None:
+    """A stand-in for `collector.collect(results, mesh)` that dispatchers treat the same way:
+    the collected value's dicts, lists and tuples are real, its arrays are `RemoteArray`s
+    (sliceable along dim 0) and other leaves `RemoteValue`s, over the producer's results in the
+    object store (`refs`: the replies' refs; `replies`: what they hold, envelopes unopened).
+    None when no placeholder can stand for it (a custom collector, an unusual structure, or
+    values the collector could not combine): the driver collects it then, and raises what the
+    collector raises."""
+    kind = type(collector)
+    if kind not in _STRUCTURAL and kind not in _REDUCING and kind is not ConcatCollector:
         return None
-    chosen = representatives(list(range(len(refs))), mesh)
-    reps = [metas[i] for i in chosen]
-    if kind is ConcatCollector:
-        first = reps[0]
-        if first.kind in ("ndarray", "tensor") and all(
-            m.kind == first.kind and m.dtype == first.dtype for m in reps
-        ):
-            return RemoteArray([(refs[i], 0, metas[i].length or 0) for i in chosen], first.kind)
+    if not replies:
         return None
-    if kind in (SumCollector, MeanCollector) and all(m.kind == "number" for m in reps):
-        return RemoteCollected(list(refs), collector, mesh)
-    return None
+    used = used_results(collector, mesh, len(replies))
+    mirrors: list[Any] = [None] * len(replies)
+    for i in used:
+        reply = replies[i]
+        if type(reply) is Stored:
+            tree, ref = reply.meta.tree, reply.ref  # the stored result itself: one hop less
+        else:
+            tree, ref = tree_of(reply), refs[i]
+        if has_unknown(tree):
+            return None
+        mirrors[i] = mirror(tree, ref)
+    try:
+        if kind in _STRUCTURAL:
+            return collector.collect(mirrors, mesh)
+        reps = [mirrors[i] for i in used]
+        if kind is ConcatCollector:
+            return combine(reps, _concat_placeholders)
+        return combine(reps, lambda values: _reduce_placeholders(values, collector))
+    except Exception:  # _Fallback, or the collector would fail: let the driver raise it
+        return None
+
+
+def _flatten(values: list) -> list:
+    out: list = []
+    for v in values:
+        if isinstance(v, list):
+            out.extend(v)
+        else:
+            out.append(v)
+    return out
+
+
+def _concat_placeholders(values: list) -> Any:
+    """`concat` of one leaf of every shard, as core's collector does it."""
+    first = values[0]
+    if isinstance(first, list):
+        return _flatten(values)
+    if isinstance(first, RemoteArray) and all(
+        isinstance(v, RemoteArray)
+        and v.reduce is None
+        and (v.kind, v.dtype, v.inner, v.path) == (first.kind, first.dtype, first.inner, first.path)
+        for v in values
+    ):
+        parts = [part for v in values for part in v.parts]
+        return RemoteArray(parts, first.kind, first.path, first.inner, first.dtype)
+    raise _Fallback
+
+
+def _reduce_placeholders(values: list, collector: Any) -> Any:
+    """`sum`/`mean` of one leaf of every shard, computed by the consumer (on only its share
+    when the result is an array that `slice_dp` slices)."""
+    first = values[0]
+    if isinstance(first, RemoteArray) and all(
+        isinstance(v, RemoteArray)
+        and v.reduce is None
+        and len(v.parts) == 1
+        and (v.kind, v.dtype, v.shape, v.path) == (first.kind, first.dtype, first.shape, first.path)
+        for v in values
+    ):
+        parts = [v.parts[0] for v in values]
+        return RemoteArray(parts, first.kind, first.path, first.inner, first.dtype, collector)
+    if isinstance(first, RemoteValue) and all(
+        isinstance(v, RemoteValue) and v.path == first.path for v in values
+    ):
+        return RemoteCollected([v.ref for v in values], collector, None, first.path)
+    raise _Fallback
