@@ -31,7 +31,7 @@ from twinkle_core.plugin import (
     set_process_worker_context,
 )
 
-from .transfer import materialize, pack_result, register_tensor_serializer
+from .transfer import materialize, pack_result, register_tensor_serializer, writable_copies
 
 #: Prefix of twinkle's own actor methods; user methods with it go through `_tw_call`.
 RESERVED_PREFIX = "_tw_"
@@ -150,6 +150,8 @@ class TwinkleActor:
 
     def _tw_run(self, method: str, args: tuple, kwargs: dict) -> Any:
         """Run one method of the user's object; its result, large ones as a `Stored` envelope."""
+        if _writable_args(type(self._tw_instance), method):
+            args, kwargs = writable_copies((args, kwargs))
         try:
             value = getattr(self._tw_instance, method)(*args, **kwargs)
         except BaseException as exc:
@@ -185,6 +187,20 @@ class TwinkleActor:
 
 #: Whether this process already sends tensors as numpy buffers (checked once per call).
 _tensors_registered = False
+
+#: (class, method) -> whether the method asked for writable arguments.
+_writable: dict[tuple[type, str], bool] = {}
+
+
+def _writable_args(cls: type, method: str) -> bool:
+    """Whether `method` declared `@remote_function(writable_args=True)`: its tensor and array
+    arguments then arrive as private copies instead of read-only views of the object store."""
+    key = (cls, method)
+    hit = _writable.get(key)
+    if hit is None:
+        spec = getattr(getattr(cls, method, None), "__twinkle_remote_function__", None)
+        hit = _writable[key] = bool(getattr(spec, "writable_args", False))
+    return hit
 
 
 def _raise_portable(exc: BaseException, method: str, rank: int) -> NoReturn:
