@@ -261,9 +261,9 @@ def test_the_live_placement_drawing_is_unchanged():
 
 
 # --------------------------------------------------------------------------- bad files
-def test_rank_in_two_accelerator_groups_toml(tmp_path, capsys):
-    name = write(
-        tmp_path,
+# (file name, text, [(line, [fragments of that line's message]), ...]): every problem, in order.
+BAD_FILES = [
+    pytest.param(
         "g.toml",
         """\
         nproc_per_node = 8
@@ -279,16 +279,10 @@ def test_rank_in_two_accelerator_groups_toml(tmp_path, capsys):
         # shares two devices with the model
         ranks = [2, 3, 4]
         """,
-    )
-    [(line, message)] = problems(tmp_path, name, capsys)
-    assert line == 12
-    assert "'model' (line 5)" in message and "'sampler'" in message
-    assert "cuda device rank(s) 2,3" in message
-
-
-def test_rank_in_two_accelerator_groups_json(tmp_path, capsys):
-    name = write(
-        tmp_path,
+        [(12, ["'model' (line 5)", "'sampler'", "cuda device rank(s) 2,3"])],
+        id="rank-in-two-accelerator-groups-toml",
+    ),
+    pytest.param(
         "g.json",
         """\
         {
@@ -301,10 +295,161 @@ def test_rank_in_two_accelerator_groups_json(tmp_path, capsys):
           ]
         }
         """,
-    )
-    [(line, message)] = problems(tmp_path, name, capsys)
-    assert line == 7
-    assert "'model' (line 4)" in message and "'sampler'" in message
+        [(7, ["'model' (line 4)", "'sampler'"])],
+        id="rank-in-two-accelerator-groups-json",
+    ),
+    pytest.param(
+        "g.toml",
+        """\
+        nproc_per_node = 8
+        [[groups]]
+        name = "model"
+        ranks = [0, 1]
+        device_type = "cuda"
+        [[groups]]
+        name = "processor"
+        device_type = "cpu"
+        ranks = [4, 5]
+        """,
+        [(9, ["'processor'", "ranks = 2"])],
+        id="cpu-group-given-a-list",
+    ),
+    pytest.param(
+        "g.toml",
+        """\
+        nproc_per_node = 4
+        [[groups]]
+        name = "wide"
+        ranks = [2, 3, 4, 5, 6, 7]
+        device_type = "cuda"
+        gpus_per_worker = 3
+        """,
+        [(6, ["'wide'", "span nodes 0, 1"])],
+        id="worker-spanning-two-nodes",
+    ),
+    pytest.param(
+        "g.toml",
+        """\
+        nproc_per_node = 8
+        [[groups]]
+        name = "model"
+        ranks = [0, 1]
+        device_type = "tpu"
+        """,
+        [(5, ["'model'", "unknown device type 'tpu'", "known: cpu, cuda, mps, npu"])],
+        id="unknown-device-type",
+    ),
+    pytest.param(
+        "g.toml",
+        """\
+        nproc_per_node = 8
+        [[groups]]
+        name = "model"
+        rank = [0, 1]
+        device_type = "cuda"
+        """,
+        [(2, ["missing key 'ranks'"]), (4, ["unknown key 'rank'"])],
+        id="misspelt-key",
+    ),
+    pytest.param(
+        "g.toml",
+        EXAMPLE.replace("nproc_per_node = 8\n", ""),
+        [(1, ["--nproc-per-node"])],
+        id="missing-nproc-per-node",
+    ),
+    pytest.param(
+        "g.toml",
+        """\
+        nproc_per_node = 8
+        [[groups]]
+        name = "dup"
+        ranks = [0, 1, 1]
+        device_type = "cuda"
+        [[groups]]
+        name = "odd"
+        ranks = [2, 3, 4]
+        device_type = "cuda"
+        gpus_per_worker = 2
+        [[groups]]
+        name = "vis"
+        ranks = [5, 6]
+        visible_devices = [0]
+        device_type = "cuda"
+        """,
+        [
+            (4, ["'dup'", "duplicates"]),
+            (10, ["'odd'", "gpus_per_worker=2"]),
+            (14, ["'vis'", "visible_devices"]),
+        ],
+        id="device-group-rules-apply-with-their-line",
+    ),
+    pytest.param(
+        "g.json",
+        """\
+        {"nproc_per_node": 4,
+         "groups": [
+          {"name": "a", "ranks": [0, 1], "device_type": "cuda",
+           "visible_devices": [
+             2,
+             2]},
+          {"name": "a", "ranks": 1}
+         ]}
+        """,
+        [(6, ["already used by device rank 0"]), (7, ["repeats (first at line 3)"])],
+        id="repeated-group-name-and-shared-visible-device",
+    ),
+    pytest.param(
+        "g.toml",
+        'nproc_per_node = 8\n[[groups]]\nname = "a"\nranks = [0, 1\n',
+        [(4, ["end of the file"])],
+        id="toml-unclosed-at-end-of-file",
+    ),
+]
+
+
+@pytest.mark.parametrize(("name", "text", "expected"), BAD_FILES)
+def test_bad_file_names_every_problem_on_its_line(tmp_path, capsys, name, text, expected):
+    found = problems(tmp_path, write(tmp_path, name, text), capsys)
+    assert [line for line, _ in found] == [line for line, _ in expected], found
+    for (line, message), (_, fragments) in zip(found, expected, strict=True):
+        missing = [f for f in fragments if f not in message]
+        assert missing == [], f"line {line}: {message!r} lacks {missing}"
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "error"),
+    [
+        (
+            "g.toml",
+            """\
+            nproc_per_node = 8
+            [[groups]]
+            name = "model"
+            ranks = [0, 1,, 2]
+            """,
+            "g.toml:4: TOML syntax error",
+        ),
+        (
+            "g.json",
+            """\
+            {
+              "nproc_per_node": 8,
+              "groups": [
+                {"name": "model", "ranks": [0, 1] "device_type": "cuda"}
+              ]
+            }
+            """,
+            "g.json:4: JSON syntax error: Expecting ',' delimiter",
+        ),
+    ],
+    ids=["toml", "json"],
+)
+def test_syntax_error_names_its_line(tmp_path, name, text, error):
+    write(tmp_path, name, text)
+    result = twinkle("placement", name, cwd=tmp_path)
+    assert result.returncode == 1
+    assert result.stdout == ""
+    assert error in result.stderr
 
 
 def test_same_ranks_on_different_device_types_are_fine(tmp_path):
@@ -324,27 +469,6 @@ def test_same_ranks_on_different_device_types_are_fine(tmp_path):
         """,
     )
     assert len(load_plan(tmp_path / "g.toml").groups) == 2
-
-
-def test_cpu_group_given_a_list(tmp_path, capsys):
-    name = write(
-        tmp_path,
-        "g.toml",
-        """\
-        nproc_per_node = 8
-        [[groups]]
-        name = "model"
-        ranks = [0, 1]
-        device_type = "cuda"
-        [[groups]]
-        name = "processor"
-        device_type = "cpu"
-        ranks = [4, 5]
-        """,
-    )
-    [(line, message)] = problems(tmp_path, name, capsys)
-    assert line == 9
-    assert "'processor'" in message and "ranks = 2" in message
 
 
 def test_group_larger_than_the_nodes(tmp_path, capsys):
@@ -368,42 +492,6 @@ def test_group_larger_than_the_nodes(tmp_path, capsys):
     assert len(load_plan(tmp_path / "h.toml").groups) == 1
     [(line, _)] = problems(tmp_path, "h.toml", capsys, "--nodes", "1")
     assert line == 4
-
-
-def test_worker_spanning_two_nodes(tmp_path, capsys):
-    name = write(
-        tmp_path,
-        "g.toml",
-        """\
-        nproc_per_node = 4
-        [[groups]]
-        name = "wide"
-        ranks = [2, 3, 4, 5, 6, 7]
-        device_type = "cuda"
-        gpus_per_worker = 3
-        """,
-    )
-    [(line, message)] = problems(tmp_path, name, capsys)
-    assert line == 6
-    assert "'wide'" in message and "span nodes 0, 1" in message
-
-
-def test_unknown_device_type(tmp_path, capsys):
-    name = write(
-        tmp_path,
-        "g.toml",
-        """\
-        nproc_per_node = 8
-        [[groups]]
-        name = "model"
-        ranks = [0, 1]
-        device_type = "tpu"
-        """,
-    )
-    [(line, message)] = problems(tmp_path, name, capsys)
-    assert line == 5
-    assert "'model'" in message and "unknown device type 'tpu'" in message
-    assert "known: cpu, cuda, mps, npu" in message
 
 
 @pytest.mark.parametrize(
@@ -432,120 +520,6 @@ def test_missing_key_points_at_its_group(tmp_path, capsys, missing, expected_lin
     assert f"missing key {missing!r}" in message
     if missing == "ranks":
         assert "'sampler'" in message
-
-
-def test_misspelt_key(tmp_path, capsys):
-    name = write(
-        tmp_path,
-        "g.toml",
-        """\
-        nproc_per_node = 8
-        [[groups]]
-        name = "model"
-        rank = [0, 1]
-        device_type = "cuda"
-        """,
-    )
-    found = problems(tmp_path, name, capsys)
-    assert found[0][0] == 2 and "missing key 'ranks'" in found[0][1]
-    assert found[1][0] == 4 and "unknown key 'rank'" in found[1][1]
-
-
-def test_missing_nproc_per_node(tmp_path, capsys):
-    name = write(tmp_path, "g.toml", EXAMPLE.replace("nproc_per_node = 8\n", ""))
-    [(line, message)] = problems(tmp_path, name, capsys)
-    assert line == 1 and "--nproc-per-node" in message
-
-
-def test_device_group_rules_apply_with_their_line(tmp_path, capsys):
-    """The checks DeviceGroup makes at initialize() come back on the key they are about."""
-    name = write(
-        tmp_path,
-        "g.toml",
-        """\
-        nproc_per_node = 8
-        [[groups]]
-        name = "dup"
-        ranks = [0, 1, 1]
-        device_type = "cuda"
-        [[groups]]
-        name = "odd"
-        ranks = [2, 3, 4]
-        device_type = "cuda"
-        gpus_per_worker = 2
-        [[groups]]
-        name = "vis"
-        ranks = [5, 6]
-        visible_devices = [0]
-        device_type = "cuda"
-        """,
-    )
-    found = problems(tmp_path, name, capsys)
-    assert [line for line, _ in found] == [4, 10, 14]
-    assert "'dup'" in found[0][1] and "duplicates" in found[0][1]
-    assert "'odd'" in found[1][1] and "gpus_per_worker=2" in found[1][1]
-    assert "'vis'" in found[2][1] and "visible_devices" in found[2][1]
-
-
-def test_repeated_group_name_and_shared_visible_device(tmp_path, capsys):
-    name = write(
-        tmp_path,
-        "g.json",
-        """\
-        {"nproc_per_node": 4,
-         "groups": [
-          {"name": "a", "ranks": [0, 1], "device_type": "cuda",
-           "visible_devices": [
-             2,
-             2]},
-          {"name": "a", "ranks": 1}
-         ]}
-        """,
-    )
-    found = problems(tmp_path, name, capsys)
-    assert found[0][0] == 6 and "already used by device rank 0" in found[0][1]
-    assert found[1][0] == 7 and "repeats (first at line 3)" in found[1][1]
-
-
-def test_toml_syntax_error_names_its_line(tmp_path):
-    write(
-        tmp_path,
-        "g.toml",
-        """\
-        nproc_per_node = 8
-        [[groups]]
-        name = "model"
-        ranks = [0, 1,, 2]
-        """,
-    )
-    result = twinkle("placement", "g.toml", cwd=tmp_path)
-    assert result.returncode == 1
-    assert result.stdout == ""
-    assert "g.toml:4: TOML syntax error" in result.stderr
-
-
-def test_toml_unclosed_at_end_of_file(tmp_path, capsys):
-    name = write(tmp_path, "g.toml", 'nproc_per_node = 8\n[[groups]]\nname = "a"\nranks = [0, 1\n')
-    [(line, message)] = problems(tmp_path, name, capsys)
-    assert line == 4 and "end of the file" in message
-
-
-def test_json_syntax_error_names_its_line(tmp_path):
-    write(
-        tmp_path,
-        "g.json",
-        """\
-        {
-          "nproc_per_node": 8,
-          "groups": [
-            {"name": "model", "ranks": [0, 1] "device_type": "cuda"}
-          ]
-        }
-        """,
-    )
-    result = twinkle("placement", "g.json", cwd=tmp_path)
-    assert result.returncode == 1
-    assert "g.json:4: JSON syntax error: Expecting ',' delimiter" in result.stderr
 
 
 def test_missing_file_and_bad_flag(tmp_path, capsys):

@@ -6,6 +6,8 @@
   run, and what stands in its way, each problem with its fix (see `twinkle_core.doctor`).
 - `twinkle placement FILE [--nproc-per-node N] [--nodes N]`: draw the placement of the groups a
   TOML or JSON file describes, without a cluster (see `twinkle_core.placement_plan`).
+- `twinkle trace summary FILE [--json]`: per-method counts and times, idle time per group and
+  the driver's waiting in a trace written by `initialize(trace=...)` (see docs/tracing.md).
 """
 
 from __future__ import annotations
@@ -74,6 +76,21 @@ def _placement(args: argparse.Namespace) -> int:
     return 0
 
 
+def _trace(args: argparse.Namespace) -> int:
+    from .trace_summary import TraceFileError, as_json, load, render, summarize
+
+    try:
+        summary = summarize(load(args.file))
+    except TraceFileError as exc:
+        print(f"twinkle trace summary: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(as_json(summary), indent=2))
+    else:
+        print(render(summary))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="twinkle", description="twinkle: one driver script for torchrun and Ray."
@@ -127,7 +144,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="N",
         help="nodes in the cluster (overrides the file's nodes); checks that the groups fit",
     )
+    trace = sub.add_parser("trace", help="read a trace written by initialize(trace=...)")
+    trace_sub = trace.add_subparsers(dest="trace_command", required=True)
+    summary = trace_sub.add_parser(
+        "summary",
+        help="per-method counts and times, idle time per group, driver time spent waiting",
+        description="Summarize a Chrome trace written by initialize(trace=...) or "
+        "TWINKLE_TRACE: per method its executions, total, p50 and p95 times; per group the "
+        "time its ranks were idle; per driver the fraction of its time spent waiting.",
+    )
+    summary.add_argument("file", help="the trace file (JSON)")
+    summary.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
+    if args.command == "trace":
+        return _trace(args)
     if args.command == "doctor":
         return _doctor(args)
     if args.command == "placement":

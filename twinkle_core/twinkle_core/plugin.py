@@ -21,6 +21,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
+from . import stacks
 from . import trace as tracing
 from .backend import (
     CompletedCall,
@@ -136,6 +137,7 @@ __all__ = [
     "seed_everything",
     "set_process_worker_context",
     "set_rng_state",
+    "stacks",
     "tag_call_site",
     "torch_module",
     "tracing",

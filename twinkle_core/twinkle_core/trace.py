@@ -64,6 +64,8 @@ class Recorder:
         self.links: dict[str, tuple[str, int]] = {}
         #: Offset of another process's trace clock to this one's, ns (theirs - ours).
         self.clock_offsets: dict[str, int] = {}
+        #: What backends keep with the recorder (e.g. this process's measured clock offset).
+        self.meta: dict[str, Any] = {}
         self.started_ns = now_ns()
         self._calls = 0
         self._calls_lock = threading.Lock()
@@ -186,7 +188,7 @@ class Recorder:
 #: The recorder of this process, or None when tracing is off (the off path checks only this).
 RECORDER: Recorder | None = None
 
-_gatherers: list[Callable[[Recorder], None]] = []
+_gatherers: list[Callable[[Recorder, Any], None]] = []
 _linkers: list[Callable[[Any], list[str] | None]] = []
 _saved_env: str | None = None
 
@@ -212,8 +214,9 @@ def worker_wanted() -> bool:
     return os.environ.get(WORKER_ENV) == "1"
 
 
-def add_gatherer(fn: Callable[[Recorder], None]) -> None:
-    """Run `fn(recorder)` before the backend stops, to merge other processes' events."""
+def add_gatherer(fn: Callable[[Recorder, Any], None]) -> None:
+    """Run `fn(recorder, backend)` before the backend stops, to merge other processes'
+    events (registered once, by a backend's module; it ignores backends not its own)."""
     if fn not in _gatherers:
         _gatherers.append(fn)
 
@@ -237,14 +240,14 @@ def links_of(pending: Any) -> list[str] | None:
     return None
 
 
-def gather() -> None:
-    """Merge the other processes' events into this one's (before the backend stops)."""
+def gather(backend: Any) -> None:
+    """Merge the other processes' events into this one's (before `backend` stops)."""
     rec = RECORDER
     if rec is None:
         return
     for fn in list(_gatherers):
         try:
-            fn(rec)
+            fn(rec, backend)
         except Exception as exc:
             log.warning("twinkle: could not gather trace events (%s): %s", fn, exc)
 
@@ -253,8 +256,6 @@ def finish() -> str | None:
     """Stop recording; write the trace if this process writes it. Returns the path written."""
     global RECORDER, _saved_env
     rec, RECORDER = RECORDER, None
-    _gatherers.clear()
-    _linkers.clear()
     if rec is None:
         return None
     if _saved_env is None:
@@ -295,8 +296,8 @@ def check_path(value: Any) -> str | None:
 def chrome_trace(rec: Recorder) -> dict[str, Any]:
     """Build the Chrome Trace Event object of everything `rec` holds."""
     events: list[dict[str, Any]] = []
-    starts = [e[6] for e in rec.executions] + [d[5] for d in rec.driver] + [rec.started_ns]
-    origin = min(starts)
+    starts = [e[6] for e in rec.executions] + [d[5] for d in rec.driver]
+    origin = min(starts) if starts else rec.started_ns
 
     def us(ns: int) -> float:
         return round((ns - origin) / 1000.0, 3)

@@ -47,6 +47,7 @@ from .env import TorchrunEnv
 from .exchange import KIND_CONSTRUCT, CallInfo, Exchange
 from .rng import RngSwitch
 from .signals import AlertFlushOnTerm
+from .tracing import start as start_tracing
 from .watchdog import Watchdog
 from .workers import LocalWorkerGroup
 
@@ -128,6 +129,7 @@ class LocalBackend(ExecutionBackend):
             elif platform.device_type != "cpu":
                 platform.set_device(env.local_rank)
             self._agree(config)
+            start_tracing(self)  # a traced run: clock offsets to rank 0 (tracing.py)
             self.run_name = config.name
             if env.launched:
                 self._on_term = AlertFlushOnTerm(self._flush_alerts, self._notify_wait)
