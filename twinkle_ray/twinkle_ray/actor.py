@@ -31,6 +31,7 @@ from twinkle_core.plugin import (
     set_process_worker_context,
 )
 
+from . import tracing as _tracing
 from .transfer import materialize, pack_result, register_tensor_serializer, writable_copies
 
 #: Prefix of twinkle's own actor methods; user methods with it go through `_tw_call`.
@@ -70,6 +71,7 @@ class TwinkleActor:
         self._tw_boot = boot
         self._tw_instance: Any = None
         self._tw_refused: BaseException | None = None  # why `_tw_hello` failed, if it did
+        _tracing.start_actor(boot.group, boot.class_name, boot.rank)  # trace, stack probe
 
     def _tw_hello(self) -> dict[str, Any]:
         """Where this actor runs; fails when it is not on the planned node or devices (and
@@ -152,10 +154,16 @@ class TwinkleActor:
         """Run one method of the user's object; its result, large ones as a `Stored` envelope."""
         if _writable_args(type(self._tw_instance), method):
             args, kwargs = writable_copies((args, kwargs))
+        rec = _tracing.tracing.RECORDER  # None unless the driver traces (tracing.py)
+        start = _tracing.tracing.now_ns() if rec is not None else 0
         try:
             value = getattr(self._tw_instance, method)(*args, **kwargs)
         except BaseException as exc:
             _raise_portable(exc, method, self._tw_boot.rank)
+        finally:
+            if rec is not None:
+                boot = self._tw_boot
+                _tracing.record(rec, boot.group, boot.class_name, boot.rank, method, start)
         if not _tensors_registered:
             self._maybe_register_tensors()
         return pack_result(value)
