@@ -17,7 +17,7 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from twinkle_core import CallTimeoutError, DeviceGroup, DeviceMesh, LazyCollect
+from twinkle_core import CallTimeoutError, ConfigurationError, DeviceGroup, DeviceMesh, LazyCollect
 from twinkle_core.plugin import (
     ExecutionBackend,
     WorkerCall,
@@ -29,6 +29,7 @@ from twinkle_core.plugin import (
     registered_names,
 )
 
+from . import collective as ray_collective
 from .actor import ActorBoot, actor_class_for
 from .cluster import ClusterConnection
 from .envvars import passthrough_patterns, select
@@ -92,6 +93,8 @@ class RayBackend(ExecutionBackend):
         self.noset: dict[str, str] = {}
         self._set_env: list[str] = []
         self._instances = itertools.count()
+        #: Collective groups of this run: name -> member actor handles (left at shutdown).
+        self.collectives: dict[str, list[Any]] = {}
 
     # ------------------------------------------------------------------ lifecycle
     def initialize(self, config) -> None:
@@ -139,7 +142,14 @@ class RayBackend(ExecutionBackend):
     def shutdown(self) -> None:
         """Kill every actor and remove every placement group of this run; safe twice."""
         groups, self.worker_groups = self.worker_groups, []
+        collectives, self.collectives = self.collectives, {}
         if ray.is_initialized():
+            for name, handles in collectives.items():
+                for handle in handles:  # queued behind running calls; the kill below ends them
+                    try:
+                        handle._tw_apply.remote(ray_collective.leave, name)
+                    except Exception:
+                        pass
             for workers in groups:
                 workers.teardown("the run shut down")
             if self.resources is not None:
@@ -337,6 +347,17 @@ class RayBackend(ExecutionBackend):
                 )
             )
         return refs
+
+    # ------------------------------------------------------------------ collective groups
+    def create_collective_group(self, group, workers) -> None:
+        """A separate torch.distributed world over the member actors (`collective.py`)."""
+        for w in workers:
+            if not isinstance(w, RayWorkerGroup):
+                raise ConfigurationError(
+                    f"collective_group({group.name!r}): {w.class_name} does not belong to this "
+                    "Ray run"
+                )
+        self.collectives[group.name] = ray_collective.create(group, workers)
 
     # ------------------------------------------------------------------ facts
     def describe(self) -> dict[str, Any]:

@@ -1,0 +1,204 @@
+"""Collective groups on Ray: a separate torch.distributed world over the actors of several groups.
+
+Each actor may already have a default process group of its own group (MASTER_ADDR/PORT are set
+for it); a collective group across groups cannot be a subgroup of that world, so it is a world
+of its own: a `TCPStore` on the first member's node (a free port found there, like a group's
+rendezvous), a `PrefixStore` per group name, and a process group made from that store with
+torch's own helper (the way verl and OpenRLHF build their weight-sync groups between trainer and
+inference actors), registered so `torch.distributed.broadcast(t, src=i, group=pg)` reads `src`
+as a rank of this group. Every member joins through the actor method `_tw_apply`; the driver
+waits at most the group's timeout and names the members that did not join.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+from typing import Any
+
+import ray
+
+from twinkle_core import CallTimeoutError, ConfigurationError, get_worker_context
+from twinkle_core.plugin import (
+    Collective,
+    CollectiveGroup,
+    as_tensor_list,
+    check_op,
+    check_src,
+)
+
+log = logging.getLogger("twinkle")
+
+
+# ---------------------------------------------------------------------------- torch side
+def new_world(store: Any, rank: int, size: int, backend: str, timeout: float, name: str) -> Any:
+    """A process group over `store` that is independent of any default group (torch's helper
+    when this torch has it, else the backend's class directly)."""
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    delta = datetime.timedelta(seconds=timeout)
+    helper = getattr(c10d, "_new_process_group_helper", None)
+    if helper is not None:
+        try:
+            made = helper(size, rank, [], backend, store, group_name=name, timeout=delta)
+        except TypeError:  # another torch's signature
+            made = None
+        if made is not None:
+            pg = made[0] if isinstance(made, tuple) else made
+            c10d._world.pg_group_ranks[pg] = {i: i for i in range(size)}
+            return pg
+    if backend != "gloo":
+        raise ConfigurationError(
+            f"collective group {name!r}: this torch has no process-group helper for backend "
+            f"{backend!r}; use backend='gloo'"
+        )
+    return dist.ProcessGroupGloo(store, rank, size, delta)
+
+
+def _reduce_op(op: str) -> Any:
+    import torch.distributed as dist
+
+    return {
+        "sum": dist.ReduceOp.SUM,
+        "mean": dist.ReduceOp.SUM,  # divided afterwards: gloo has no AVG
+        "max": dist.ReduceOp.MAX,
+        "min": dist.ReduceOp.MIN,
+        "product": dist.ReduceOp.PRODUCT,
+    }[op]
+
+
+class TorchCollective(Collective):
+    """A member with a process of its own: every collective is torch.distributed's."""
+
+    def __init__(self, spec: CollectiveGroup, rank: int, pg: Any, store: Any) -> None:
+        super().__init__(spec, rank)
+        self._pg = pg
+        self._store = store  # kept alive: rank 0 serves the rendezvous store
+
+    @property
+    def process_group(self) -> Any:
+        return self._pg
+
+    def broadcast(self, tensors: Any, src: int = 0) -> list[Any]:
+        import torch.distributed as dist
+
+        items = as_tensor_list(tensors, f"collective {self.name!r}.broadcast(tensors)")
+        check_src(src, self.world_size, f"collective {self.name!r}.broadcast")
+        for t in items:
+            dist.broadcast(t, group_src=src, group=self._pg)
+        return items
+
+    def all_reduce(self, tensors: Any, op: str = "sum") -> list[Any]:
+        import torch.distributed as dist
+
+        items = as_tensor_list(tensors, f"collective {self.name!r}.all_reduce(tensors)")
+        check_op(op, f"collective {self.name!r}.all_reduce")
+        for t in items:
+            dist.all_reduce(t, op=_reduce_op(op), group=self._pg)
+            if op == "mean":
+                t.div_(self.world_size)
+        return items
+
+    def all_gather(self, tensor: Any) -> list[Any]:
+        import torch
+        import torch.distributed as dist
+
+        (item,) = as_tensor_list(tensor, f"collective {self.name!r}.all_gather(tensor)")
+        out = [torch.empty_like(item) for _ in range(self.world_size)]
+        dist.all_gather(out, item, group=self._pg)
+        return out
+
+    def barrier(self) -> None:
+        import torch
+
+        self.all_reduce(torch.zeros(1))
+
+    def destroy(self) -> None:
+        from torch.distributed import distributed_c10d as c10d
+
+        pg, self._pg = self._pg, None
+        if pg is not None:
+            try:
+                c10d.destroy_process_group(pg)
+            except Exception as exc:
+                log.debug("twinkle: destroying collective group %r: %s", self.name, exc)
+
+
+def join(spec: CollectiveGroup, rank: int, host: str, port: int) -> bool:
+    """Run in a member actor: join the collective group as `rank` (rank 0 serves the store)."""
+    import torch.distributed as dist
+
+    ctx = get_worker_context()
+    if ctx is None:
+        raise RuntimeError("twinkle: joining a collective group outside a worker actor")
+    delta = datetime.timedelta(seconds=spec.timeout)
+    store = dist.TCPStore(
+        host, port, spec.world_size, rank == 0, timeout=delta, wait_for_workers=False
+    )
+    prefixed = dist.PrefixStore(f"twinkle/collective/{spec.name}", store)
+    pg = new_world(prefixed, rank, spec.world_size, spec.backend, spec.timeout, spec.name)
+    ctx.collectives[spec.name] = TorchCollective(spec, rank, pg, store)
+    return True
+
+
+def leave(name: str) -> bool:
+    """Run in a member actor: destroy its part of collective group `name`."""
+    ctx = get_worker_context()
+    member = None if ctx is None else ctx.collectives.pop(name, None)
+    if isinstance(member, TorchCollective):
+        member.destroy()
+    return member is not None
+
+
+# ---------------------------------------------------------------------------- driver side
+def create(spec: CollectiveGroup, workers: list[Any]) -> list[Any]:
+    """Make every actor of `workers` (RayWorkerGroups, in rank order) join `spec`; returns the
+    member handles. Bounded by `spec.timeout`; a member that fails or does not join in time is
+    named in the error, and the members that did join leave again."""
+    handles: list[Any] = []
+    for w in workers:
+        if w.torn_down is not None:
+            raise ConfigurationError(
+                f"collective_group({spec.name!r}): group {w.group.name!r} ({w.class_name}) is "
+                f"torn down ({w.torn_down})"
+            )
+        handles.extend(w.handles)
+    assert len(handles) == spec.world_size
+    try:
+        where = ray.get(handles[0]._tw_free_port.remote(), timeout=spec.timeout)
+    except ray.exceptions.GetTimeoutError:
+        raise CallTimeoutError(
+            f"collective_group({spec.name!r}): {spec.members[0].describe()} did not join within "
+            f"timeout={spec.timeout:g}s (it serves the rendezvous and did not answer; a member "
+            "busy with a long call joins only after it)"
+        ) from None
+    refs = [
+        h._tw_apply.remote(join, spec, rank, where[0], int(where[1]))
+        for rank, h in enumerate(handles)
+    ]
+    _, waiting = ray.wait(refs, num_returns=len(refs), timeout=spec.timeout)
+    failed: list[str] = []
+    first_error: BaseException | None = None
+    for rank, ref in enumerate(refs):
+        if ref in waiting:
+            continue
+        try:
+            ray.get(ref)
+        except Exception as exc:
+            failed.append(f"{spec.members[rank].describe()}: {type(exc).__name__}: {exc}")
+            first_error = first_error or exc
+    if not waiting and not failed:
+        return handles
+    for h in handles:  # best effort: the ones that joined leave (a dead actor is skipped)
+        h._tw_apply.remote(leave, spec.name)
+    late = [spec.members[refs.index(r)].describe() for r in waiting]
+    if late:
+        raise CallTimeoutError(
+            f"collective_group({spec.name!r}): {', '.join(late)} did not join within "
+            f"timeout={spec.timeout:g}s (rendezvous at {where[0]}:{where[1]}; a member busy "
+            "with a long call joins only after it)" + ("; " + "; ".join(failed) if failed else "")
+        )
+    raise ConfigurationError(
+        f"collective_group({spec.name!r}) failed: {'; '.join(failed)}"
+    ) from first_error
