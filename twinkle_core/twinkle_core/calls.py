@@ -44,10 +44,26 @@ class MethodSpec:
     timeout: float | None = None
 
     def resolved(self) -> tuple[Dispatcher, Collector]:
-        return (
-            as_dispatcher(self.dispatch, argument=f"{self.qualname}: dispatch"),
-            as_collector(self.collect, argument=f"{self.qualname}: collect"),
-        )
+        """The dispatcher and collector this method names, looked up once per plugin state.
+
+        The lookup (plugin registry, conflict checks) is cached per spec and redone when the
+        plugin system is reset or a plugin is added at run time.
+        """
+        from .plugins import plugin_system
+
+        system = plugin_system()
+        hit = _RESOLVED.get(id(self))
+        if hit is not None and hit[0] is self and hit[1] is system and hit[2] == system.generation:
+            return hit[3], hit[4]
+        dispatcher = as_dispatcher(self.dispatch, argument=f"{self.qualname}: dispatch")
+        collector = as_collector(self.collect, argument=f"{self.qualname}: collect")
+        _RESOLVED[id(self)] = (self, system, system.generation, dispatcher, collector)
+        return dispatcher, collector
+
+
+#: `MethodSpec.resolved()` results by spec id: (spec, plugin system, generation, d, c). Specs
+#: live as long as their classes, so the table holds one entry per remote method.
+_RESOLVED: dict[int, tuple[Any, Any, int, Dispatcher, Collector]] = {}
 
 
 @dataclass(frozen=True)
@@ -91,15 +107,35 @@ def target_ranks(execute: str, workers: WorkerGroup) -> list[int]:
     raise ConfigurationError(f"execute must be one of {EXECUTE_MODES}, got {execute!r}")
 
 
+#: Element types that can never hold a LazyCollect: a list made only of these is passed on
+#: without walking it element by element in Python.
+_LEAF_TYPES = frozenset({int, float, bool, str, bytes, complex, type(None)})
+
+
+def _may_hold_lazy(items: Any) -> bool:
+    """Whether a list/tuple/dict-values may contain a LazyCollect: decided from the set of
+    element types (computed at C speed), so long batches of numbers or arrays cost little."""
+    for kind in set(map(type, items)):
+        if kind in _LEAF_TYPES:
+            continue
+        if kind in (list, tuple) or issubclass(kind, (LazyCollect, dict)):
+            return True
+    return False
+
+
 def replace_lazy(value: Any, resolve: Callable[[LazyCollect], Any]) -> Any:
     """`value` with every LazyCollect in it (also in dicts, lists and tuples) replaced by
     `resolve(lazy)`; containers without one are returned as they are, without copying."""
     if isinstance(value, LazyCollect):
         return resolve(value)
     if isinstance(value, dict):
+        if not _may_hold_lazy(value.values()):
+            return value
         new = {k: replace_lazy(v, resolve) for k, v in value.items()}
         return new if any(new[k] is not value[k] for k in value) else value
     if type(value) in (list, tuple):
+        if not _may_hold_lazy(value):
+            return value
         new_items = [replace_lazy(v, resolve) for v in value]
         if any(a is not b for a, b in zip(new_items, value, strict=True)):
             return type(value)(new_items)

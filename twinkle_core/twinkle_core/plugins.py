@@ -175,6 +175,9 @@ class PluginSystem:
         self.pm.add_hookspecs(hookspecs)
         self.infos: dict[str, PluginInfo] = {}
         self._registrations: dict[str, dict[str, list[Registration]]] = {k: {} for k in KINDS}
+        #: Bumped whenever registrations change (`add`), so lookups cached elsewhere (e.g. a
+        #: method's resolved dispatcher and collector) know when to look again.
+        self.generation = 0
 
     # ----------------------------------------------------------------- loading
     def ensure_loaded(self) -> PluginSystem:
@@ -261,6 +264,7 @@ class PluginSystem:
                 for impl in caller.get_hookimpls():
                     if impl.plugin_name == name:
                         impl.function(register=self._register_callback(kind, name))
+            self.generation += 1
 
     def _run_register_hooks(self) -> None:
         # Each plugin's hook is called on its own so a failing plugin is blamed alone and every
