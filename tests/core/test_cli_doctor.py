@@ -18,6 +18,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from _support.cli import pip_install_into
+from _support.cli import twinkle as run_twinkle
 
 from twinkle_core.cli import main as cli_main
 from twinkle_core.doctor import diagnose, environment_report, render_text
@@ -48,17 +50,8 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 
 def twinkle(*args: str, env: dict | None = None, cwd: Path | None = None):
-    """The `twinkle` console script of the environment running the tests."""
-    script = Path(sys.executable).parent / "twinkle"
-    command = [str(script)] if script.exists() else [sys.executable, "-m", "twinkle_core.cli"]
-    return subprocess.run(
-        [*command, *args],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        env=env if env is not None else clean_env(),
-        cwd=cwd,
-    )
+    """The `twinkle` console script, by default with twinkle's and torchrun's variables unset."""
+    return run_twinkle(*args, env=env if env is not None else clean_env(), cwd=cwd)
 
 
 # --------------------------------------------------------------------------- core alone
@@ -88,22 +81,7 @@ def core_only(tmp_path_factory):
         ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"),
     )
     site = root / "site"
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "-q",
-            "--no-deps",
-            "--no-build-isolation",
-            "--target",
-            str(site),
-            str(source),
-        ],
-        check=True,
-        timeout=300,
-    )
+    pip_install_into(site, source)
     python = root / "venv" / "bin" / "python"
     purelib = subprocess.run(
         [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],

@@ -12,6 +12,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from _support.cli import twinkle
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -55,20 +56,6 @@ EXAMPLE_DRAWING = """\
 │   rank 2   node -  device cpu                            │
 │   rank 3   node -  device cpu                            │
 └──────────────────────────────────────────────────────────┘"""
-
-
-def twinkle(*args: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
-    """Run the installed `twinkle` console script (or `python -m twinkle_core.cli`)."""
-    script = Path(sys.executable).parent / "twinkle"
-    command = [str(script)] if script.exists() else [sys.executable, "-m", "twinkle_core.cli"]
-    return subprocess.run(
-        [*command, *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=cwd,
-        env=env if env is not None else dict(os.environ),
-    )
 
 
 def write(tmp_path: Path, name: str, text: str) -> str:

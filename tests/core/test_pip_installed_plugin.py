@@ -10,6 +10,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from _support.cli import pip_install_into
+from _support.cli import twinkle as run_twinkle
 
 PYPROJECT = """
 [build-system]
@@ -75,22 +77,7 @@ def installed(tmp_path_factory):
     (src / "pyproject.toml").write_text(textwrap.dedent(PYPROJECT))
     (src / "twinkle_reverse" / "__init__.py").write_text(textwrap.dedent(MODULE))
     target = root / "site"
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "-q",
-            "--no-deps",
-            "--no-build-isolation",
-            "--target",
-            str(target),
-            str(src),
-        ],
-        check=True,
-        timeout=300,
-    )
+    pip_install_into(target, src)
     env = dict(os.environ, PYTHONPATH=str(target))
     env.pop("TWINKLE_PLUGINS", None)
     env.pop("TWINKLE_DISABLE_PLUGIN_AUTOLOAD", None)
@@ -98,12 +85,10 @@ def installed(tmp_path_factory):
 
 
 def twinkle(*args: str, env: dict, cwd: Path) -> str:
-    """Run the installed `twinkle` console script and return its output."""
-    script = Path(sys.executable).parent / "twinkle"
-    command = [str(script)] if script.exists() else [sys.executable, "-m", "twinkle_core.cli"]
-    return subprocess.run(
-        [*command, *args], env=env, capture_output=True, text=True, timeout=60, cwd=cwd, check=True
-    ).stdout
+    """Run the installed `twinkle` console script; return its output (it must succeed)."""
+    result = run_twinkle(*args, env=env, cwd=cwd, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
 
 
 def test_installed_plugin_is_listed(installed):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 
 import pytest
+from _support.threads import in_thread
 
 from twinkle_core import (
     CallTimeoutError,
@@ -36,30 +37,11 @@ class Worker:
         return "ok"
 
 
-def _in_thread(fn, timeout: float = 60.0):
-    """Run `fn` in a thread; fail (instead of hanging) when it does not finish in time."""
-    box: dict = {}
-
-    def target():
-        try:
-            box["value"] = fn()
-        except BaseException as exc:  # pragma: no cover - reported below
-            box["error"] = exc
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    thread.join(timeout)
-    assert not thread.is_alive(), f"{fn} did not finish within {timeout}s: a lock is held"
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
-
-
 def test_a_call_after_an_uncollected_failure_returns():
     initialize("inprocess", groups=[DeviceGroup("g", 2)])
     w = Worker(remote_group="g")
     w.fail()  # never collected: settled by the next calls' bookkeeping
-    assert _in_thread(lambda: [w.ok()() for _ in range(10)]) == ["ok"] * 10
+    assert in_thread(lambda: [w.ok()() for _ in range(10)]) == ["ok"] * 10
     shutdown()
 
 
@@ -79,10 +61,10 @@ def test_a_failure_hook_may_make_remote_calls():
         initialize("inprocess", groups=[DeviceGroup("g", 2)])
         w = Worker(remote_group="g")
         with pytest.raises(ValueError):
-            _in_thread(lambda: w.fail()())
+            in_thread(lambda: w.fail()())
         assert seen == [("Worker.fail", "ok")]
         w.fail()
-        _in_thread(lambda: [w.ok() for _ in range(8)])  # settles the failure, hook calls back
+        in_thread(lambda: [w.ok() for _ in range(8)])  # settles the failure, hook calls back
         shutdown()
     finally:
         reset_plugins()

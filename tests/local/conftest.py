@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from _support.net import free_port
 
 import twinkle_core
 
@@ -112,14 +113,6 @@ def _kill_all(pids: list[int]) -> None:
             pass
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def run_job(
     script: str, out_dir: Path, *args: str, timeout: float = 120, nodes: int = 0, nproc: int = 2
 ) -> Job:
@@ -136,7 +129,7 @@ def run_job(
     torchrun = [sys.executable, "-m", "torch.distributed.run"]
     script_args = [str(JOBS / script), str(out_dir), *args]
     if nodes:
-        endpoint = f"127.0.0.1:{_free_port()}"
+        endpoint = f"127.0.0.1:{free_port()}"
         rdzv = [
             f"--nnodes={nodes}",
             "--nproc_per_node=1",

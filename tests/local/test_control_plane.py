@@ -10,6 +10,7 @@ import time
 import numpy as np
 import pytest
 import torch
+from _support.threads import in_thread
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -256,25 +257,6 @@ class Flaky:
         return "ok"
 
 
-def _in_thread(fn, timeout: float = 60.0):
-    """Run `fn` in a thread; fail (instead of hanging) when it does not finish in time."""
-    box: dict = {}
-
-    def target():
-        try:
-            box["value"] = fn()
-        except BaseException as exc:  # pragma: no cover - reported below
-            box["error"] = exc
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    thread.join(timeout)
-    assert not thread.is_alive(), f"{fn} did not finish within {timeout}s: a lock is held"
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
-
-
 def test_a_failure_hook_may_make_remote_calls_and_uncollected_failures_settle():
     """The backend's lock is taken after a LazyCollect's (a failure hook calling back in), never
     the other way round; calls after an uncollected failure return."""
@@ -295,10 +277,10 @@ def test_a_failure_hook_may_make_remote_calls_and_uncollected_failures_settle():
         try:
             flaky = Flaky(remote_group="default")
             with pytest.raises(ValueError):
-                _in_thread(lambda: flaky.fail()())
+                in_thread(lambda: flaky.fail()())
             assert seen == [("Flaky.fail", "ok")]
             flaky.fail()  # never collected: settled by later calls' bookkeeping
-            assert _in_thread(lambda: [flaky.ok()() for _ in range(10)]) == ["ok"] * 10
+            assert in_thread(lambda: [flaky.ok()() for _ in range(10)]) == ["ok"] * 10
         finally:
             shutdown()
     finally:

@@ -6,23 +6,17 @@ Multi-rank meshes are checked inside the torchrun job of test_torchrun.py.
 from __future__ import annotations
 
 import datetime
-import socket
 import sys
 import types
 
 import pytest
 import torch
 import torch.distributed as dist
+from _support.net import free_port
 
 from twinkle_core import ConfigurationError, DeviceMesh
 from twinkle_local import init_distributed, to_torch_device_mesh
 from twinkle_local.distributed import as_timeout
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

@@ -12,22 +12,16 @@ import math
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
 
 import pytest
+from _support.net import free_port
 
 from .conftest import JOBS, run_job
 
 pytestmark = pytest.mark.slow
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def assert_close(actual, expected, path="$"):
@@ -201,7 +195,7 @@ def test_lost_rank_ends_the_job(tmp_path, mode):
 
 def test_sigterm_waits_for_queued_alerts(tmp_path):
     """torchrun SIGTERMs the survivors of a failed job; a queued alert still goes out."""
-    port = _free_port()
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("TWINKLE_")}
     env.update(
         WORLD_SIZE="1",

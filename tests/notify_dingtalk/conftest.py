@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import uuid
 
 import pytest
+from _support.net import free_port
 from fake_dingtalk import FakeDingTalk
 
 import twinkle_core
@@ -49,9 +49,7 @@ def robot(token, secret):
 @pytest.fixture
 def dead_webhook(token) -> str:
     """A webhook on a port nobody listens on: connections are refused."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     return f"http://127.0.0.1:{port}/robot/send?access_token={token}"
 
 

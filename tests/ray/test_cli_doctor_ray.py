@@ -11,15 +11,15 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import textwrap
 import time
-from pathlib import Path
 
 import pytest
+from _support.cli import twinkle
+from _support.net import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -42,14 +42,6 @@ HOLDER = textwrap.dedent(
     ray.shutdown()
     """
 )
-
-
-def twinkle(*args: str, env: dict[str, str], timeout: float = 240):
-    script = Path(sys.executable).parent / "twinkle"
-    command = [str(script)] if script.exists() else [sys.executable, "-m", "twinkle_core.cli"]
-    return subprocess.run(
-        [*command, *args], capture_output=True, text=True, timeout=timeout, env=env
-    )
 
 
 def base_env(**extra: str) -> dict[str, str]:
@@ -152,9 +144,7 @@ def test_cluster_refusing_our_token_names_the_fix(token_cluster):
 
 
 def test_unreachable_address_fails_fast():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     started = time.monotonic()
     result = twinkle("doctor", "--ray", f"127.0.0.1:{port}", "--json", env=base_env())
     assert result.returncode == 1
