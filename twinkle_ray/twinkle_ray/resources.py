@@ -30,6 +30,7 @@ from twinkle_core import ConfigurationError, DeviceGroup, TwinkleError
 from twinkle_core.plugin import get_platform
 
 from .cluster import NodeInfo, describe_nodes, live_nodes
+from .waitlog import wait_for_placement
 
 #: The share of its bundle's resources one actor requests (see the module docstring).
 TOKEN_SHARE = 0.01
@@ -226,9 +227,8 @@ class ResourceManager:
         if not self._all_pgs:
             return
         ready_refs = {pg.ready(): pg for pg in self._all_pgs}
-        ready, missing = ray.wait(
-            list(ready_refs), num_returns=len(ready_refs), timeout=self.placement_timeout
-        )
+        # Logs every 10 s what is still waiting and what the nodes have free (waitlog.py).
+        ready, missing = wait_for_placement(self, ready_refs, self.placement_timeout)
         if missing:
             names = []
             for ref in missing:
