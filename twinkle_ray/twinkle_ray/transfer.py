@@ -155,6 +155,7 @@ def reset_tensor_serializer() -> None:
 #: A result's tree: its structure as far as dispatchers and collectors look at it.
 #: ("a", kind, shape, dtype): an ndarray or tensor of at least one dimension;
 #: ("d", keys, children), ("l", children), ("t", children): a plain dict, list or tuple;
+#: ("L", n): a list of n plain items (numbers, strings, None);
 #: ("v",): anything dispatchers pass through whole (numbers, strings, 0-d arrays, objects);
 #: ("?",): something placeholders cannot stand for (dict subclasses, namedtuples, other
 #: array-likes, or too many nodes): such a result is collected on the driver instead.
@@ -162,6 +163,9 @@ Tree = tuple
 
 #: At most this many nodes are described per result (beyond, it is collected on the driver).
 TREE_NODES = 4096
+
+#: A list of more plain items (numbers, strings) than this is collected on the driver.
+PLAIN_ITEMS = 1 << 18
 
 _UNKNOWN: Tree = ("?",)
 _LEAF: Tree = ("v",)
@@ -313,6 +317,10 @@ def _tree(value: Any, budget: list[int]) -> Tree:
         keys = tuple(value)
         return ("d", keys, tuple(_tree(value[k], budget) for k in keys))
     if kind is list:
+        if len(value) > 8 and _PLAIN.issuperset(map(type, value)):
+            if len(value) > PLAIN_ITEMS:
+                raise _TooBig
+            return ("L", len(value))  # plain items (tokens, tags): one node for all
         return ("l", tuple(_tree(v, budget) for v in value))
     if kind is tuple:
         return ("t", tuple(_tree(v, budget) for v in value))
@@ -505,6 +513,8 @@ def mirror(tree: Tree, ref: Any, path: tuple = ()) -> Any:
         return tuple(mirror(c, ref, (*path, i)) for i, c in enumerate(tree[1]))
     if tag == "v":
         return RemoteValue(ref, path)
+    if tag == "L":
+        return [RemoteValue(ref, (*path, i)) for i in range(tree[1])]
     raise ValueError(f"no placeholder stands for a result of this shape ({tree!r})")
 
 
