@@ -15,7 +15,8 @@ timing guesses), to always throttle, or to fail the next N requests with HTTP 50
 in-process (``FakeDingTalk().start()``) or as a standalone process for tests whose notifier
 lives in another process (torchrun ranks, Ray):
 
-    python fake_dingtalk.py --port-file PORT --log LOG.jsonl [--token T] [--secret S] ...
+    python tests/_support/fake_dingtalk.py --port-file PORT --log LOG.jsonl \
+        [--token T] [--secret S] ...
 
 The standalone server writes its port to --port-file once listening, appends one JSON line per
 request to --log, and exits on SIGTERM/SIGINT or after --max-lifetime seconds.

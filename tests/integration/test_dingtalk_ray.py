@@ -16,17 +16,9 @@ import sys
 import textwrap
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
-import pytest
-
-pytest.importorskip("twinkle_ray", reason="twinkle-ray (Ray backend) is not installed")
-pytest.importorskip("ray", reason="ray is not installed")
-pytest.importorskip("twinkle_notify_dingtalk", reason="twinkle-notify-dingtalk is not installed")
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "notify_dingtalk"))
-from fake_dingtalk import SECRET, TOKEN, read_log, start_process
-from jobs import run_job
+from _support.fake_dingtalk import SECRET, TOKEN, read_log, start_process
+from _support.jobs import run_job
 
 DRIVER = textwrap.dedent(
     """
@@ -119,7 +111,14 @@ def test_four_failing_actors_send_exactly_one_message(tmp_path):
                 no_proxy="127.0.0.1,localhost",
             )
             env.pop("RAY_ADDRESS", None)  # never attach to another cluster on this machine
-            code, out = run_job([sys.executable, str(driver)], cwd=tmp_path, env=env, timeout=240)
+            job = run_job(
+                [[sys.executable, str(driver)]],
+                cwd=tmp_path,
+                env=env,
+                timeout=240,
+                check_leftovers=False,
+            )
+            code, out = job.returncode, job.output
     finally:
         server.terminate()
         server.wait(10)

@@ -10,17 +10,10 @@ import json
 import os
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
-
-pytest.importorskip("twinkle_local", reason="twinkle-local (torchrun backend) is not installed")
-pytest.importorskip("torch", reason="torch is not installed")
-pytest.importorskip("twinkle_notify_dingtalk", reason="twinkle-notify-dingtalk is not installed")
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "notify_dingtalk"))
-from fake_dingtalk import SECRET, TOKEN, read_log, start_process
-from jobs import run_job
+from _support.fake_dingtalk import SECRET, TOKEN, read_log, start_process
+from _support.jobs import run_job
 
 DRIVER = textwrap.dedent(
     """
@@ -74,7 +67,8 @@ def test_two_failing_ranks_send_exactly_one_message(tmp_path, delay):
             "--nproc_per_node=2",
             str(driver),
         ]
-        code, out = run_job(cmd, cwd=tmp_path, env=env, timeout=180)
+        job = run_job([cmd], cwd=tmp_path, env=env, timeout=180, check_leftovers=False)
+        code, out = job.returncode, job.output
     finally:
         server.terminate()
         server.wait(10)

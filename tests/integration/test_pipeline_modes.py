@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from jobs import run_job
+from _support.jobs import run_job
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "rl_pipeline.py"
@@ -18,7 +18,8 @@ STEPS = "4"
 def run(cmd: list[str], timeout: float = 300) -> str:
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
     env.pop("RAY_ADDRESS", None)
-    code, out = run_job(cmd, cwd=ROOT, env=env, timeout=timeout)
+    job = run_job([cmd], cwd=ROOT, env=env, timeout=timeout, check_leftovers=False)
+    code, out = job.returncode, job.output
     assert code == 0, out[-4000:]
     return out
 

@@ -8,16 +8,13 @@ unique token in their environment (not by process group): after every job none m
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 import sys
-import time
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
+from _support import jobs
 from _support.net import free_port
 
 import twinkle_core
@@ -82,40 +79,9 @@ def fake_cuda(monkeypatch):
     return rng
 
 
-@dataclass
-class Job:
-    returncode: int
-    output: str
-    elapsed: float
-    out_dir: Path
-    ended_at: float  # wall-clock time (time.time()) when the launcher(s) exited
-
-
-def _processes_with(token: str) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            environ = (entry / "environ").read_bytes()
-        except OSError:
-            continue
-        if token.encode() in environ:
-            found.append(int(entry.name))
-    return found
-
-
-def _kill_all(pids: list[int]) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
 def run_job(
     script: str, out_dir: Path, *args: str, timeout: float = 120, nodes: int = 0, nproc: int = 2
-) -> Job:
+) -> jobs.Job:
     """Run `jobs/<script>` under torchrun; never leaves a process behind.
 
     By default one `--standalone` launcher with `nproc` processes. With `nodes=N`, N launchers
@@ -124,7 +90,6 @@ def run_job(
     """
     token = f"twinkle-test-{uuid.uuid4().hex}"
     env = {k: v for k, v in os.environ.items() if k not in TORCHRUN_VARS}
-    env.update(TWINKLE_TEST_JOB=token, PYTHONUNBUFFERED="1")
     env.pop("TWINKLE_MODE", None)
     torchrun = [sys.executable, "-m", "torch.distributed.run"]
     script_args = [str(JOBS / script), str(out_dir), *args]
@@ -140,34 +105,5 @@ def run_job(
         commands = [[*torchrun, *rdzv, *script_args] for _ in range(nodes)]
     else:
         commands = [[*torchrun, "--standalone", f"--nproc_per_node={nproc}", *script_args]]
-    start = time.monotonic()
-    procs = [
-        subprocess.Popen(
-            cmd,
-            cwd=out_dir,  # not the repository root, whose source folders would shadow packages
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-        )
-        for cmd in commands
-    ]
-    outputs = []
-    try:
-        for proc in procs:
-            left_time = max(1.0, timeout - (time.monotonic() - start))
-            outputs.append(proc.communicate(timeout=left_time)[0])
-    except subprocess.TimeoutExpired:
-        _kill_all([p.pid for p in procs] + _processes_with(token))
-        text = "\n".join(p.communicate()[0] or "" for p in procs)
-        pytest.fail(f"torchrun job {script} did not end within {timeout}s:\n{text[-4000:]}")
-    elapsed = time.monotonic() - start
-    ended_at = time.time()
-    deadline = time.monotonic() + 10
-    while (left := _processes_with(token)) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    _kill_all(left)
-    assert not left, f"torchrun job {script} left processes behind: {left}"
-    code = next((p.returncode for p in procs if p.returncode), 0)
-    return Job(code, "\n".join(outputs), elapsed, out_dir, ended_at)
+    # cwd: not the repository root, whose source folders would shadow the installed packages.
+    return jobs.run_job(commands, cwd=out_dir, env=env, timeout=timeout, token=token)

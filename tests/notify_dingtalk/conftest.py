@@ -7,8 +7,8 @@ import os
 import uuid
 
 import pytest
+from _support.fake_dingtalk import FakeDingTalk
 from _support.net import free_port
-from fake_dingtalk import FakeDingTalk
 
 import twinkle_core
 from twinkle_notify_dingtalk import notifier as notifier_module

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from fake_dingtalk import FakeDingTalk
+from _support.fake_dingtalk import FakeDingTalk
 
 import twinkle_core
 from twinkle_core import DeviceGroup, remote_class, remote_function

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from fake_dingtalk import FakeDingTalk
+from _support.fake_dingtalk import FakeDingTalk
 
 from twinkle_notify_dingtalk import MAX_BODY_BYTES, DingTalkNotifier
 from twinkle_notify_dingtalk.notifier import MAX_TITLE_CHARS

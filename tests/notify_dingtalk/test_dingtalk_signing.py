@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 import urllib.parse
 
-from fake_dingtalk import FakeDingTalk, expected_sign
+from _support.fake_dingtalk import FakeDingTalk, expected_sign
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
