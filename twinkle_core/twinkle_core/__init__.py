@@ -40,6 +40,7 @@ from .placement import get_device_placement
 from .portable import RemoteError
 from .remote import remote_class, remote_function
 from .runtime import initialize, is_initialized, shutdown
+from .stacks import dump_stacks
 from .waiting import as_completed, wait
 
 __all__ = [
@@ -65,6 +66,7 @@ __all__ = [
     "WorkerExitError",
     "__version__",
     "as_completed",
+    "dump_stacks",
     "collective",
     "collective_group",
     "get_device_placement",

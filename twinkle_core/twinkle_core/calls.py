@@ -11,6 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from . import stacks as _stacks
+from . import trace as _trace
 from .backend import WorkerCall, WorkerGroup
 from .callsite import CallSite
 from .collect import Collector, as_collector
@@ -183,6 +185,9 @@ def invoke(
         )
     dispatcher, collector = spec.resolved()
     workers = binding.workers
+    rec = _trace.RECORDER  # None unless a trace is recorded: all the off path costs
+    if rec is not None:
+        call_id, traced_at = rec.begin_call()
     targets = target_ranks(spec.execute, workers)
     args = _resolve_lazy(args, workers)
     kwargs = _resolve_lazy(kwargs, workers)
@@ -200,6 +205,12 @@ def invoke(
     ]
     started = time.monotonic()
     pending = workers.submit(spec.name, calls, collector=collector, device_mesh=mesh)
+    if rec is not None:
+        on_driver = get_worker_context() is None  # calls inside workers: no driver track
+        name, links = f"{workers.class_name}.{spec.name}", _trace.links_of(pending)
+        rec.end_dispatch(
+            call_id, traced_at, name, workers.group.name, record=on_driver, links=links
+        )
     # Backends that run a call while submitting it (in-process, torchrun) cannot interrupt it;
     # a call that outlived its method's timeout there fails as it would where it could be.
     took = time.monotonic() - started
@@ -229,6 +240,8 @@ def invoke(
             tag = CALLER_TAG.format(site=call_site)
             if exc.args and isinstance(exc.args[0], str) and not exc.args[0].startswith(tag):
                 exc.args = (f"{tag} {method}: {exc.args[0]}", *exc.args[1:])
+            if not overran and (deadline is None or deadline >= _stacks.NOTE_MIN_TIMEOUT_S):
+                _stacks.note_for_timeout(exc, workers)  # where every worker is (stacks.py)
             raise
         except TwinkleError:
             raise
@@ -244,8 +257,10 @@ def invoke(
             current.report(failure)
         raise tag_exception(failure)
 
+    if rec is not None and on_driver:
+        resolver = _trace.timed_resolve(resolve, rec, call_id, method, workers.group.name)
     lazy = LazyCollect(
-        resolve,
+        resolver if rec is not None and on_driver else resolve,
         pending.done,
         describe=f"{method} from {call_site}",
         source=CallSource(workers, pending, collector, mesh, method),

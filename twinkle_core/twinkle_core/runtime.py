@@ -13,6 +13,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import stacks as _stacks
+from . import trace as _trace
 from .backend import ExecutionBackend, WorkerGroup
 from .device_group import DeviceGroup
 from .device_mesh import DeviceMesh
@@ -42,6 +44,8 @@ class RuntimeConfig:
     notifier: Notifier | None = None
     full_determinism: bool = False
     backend_options: dict[str, Any] = field(default_factory=dict)
+    #: Where the call timeline is written at shutdown (None: not traced); see trace.py.
+    trace: str | None = None
 
 
 @dataclass
@@ -245,12 +249,15 @@ def initialize(
     name: str | None = None,
     notifier: Any = None,
     full_determinism: bool = False,
+    trace: str | os.PathLike | None = None,
     **backend_options: Any,
 ) -> RuntimeConfig:
     """Start twinkle in `mode` (default: `$TWINKLE_MODE`, then 'local').
 
     `groups` are the device groups remote classes are placed on; `backend_options` go to the
-    backend (e.g. `address=` for Ray). Returns the validated configuration.
+    backend (e.g. `address=` for Ray). `trace` (default: `$TWINKLE_TRACE`) records every
+    remote call and writes a Chrome trace there at `shutdown()` (docs/tracing.md). Returns
+    the validated configuration.
     """
     global _runtime
     if "ncpu_proc_per_node" in backend_options:
@@ -284,6 +291,7 @@ def initialize(
         notifier=as_notifier(notifier),
         full_determinism=full_determinism,
         backend_options=dict(backend_options),
+        trace=_trace.check_path(trace),
     )
     with _runtime_lock:
         if _runtime is not None:
@@ -293,8 +301,15 @@ def initialize(
             )
         backend = _load_backend(mode)
         seed_everything(seed, full_determinism)
-        backend.initialize(config)
+        if config.trace is not None:
+            _trace.start(config.trace)  # before the backend starts: its workers record too
+        try:
+            backend.initialize(config)
+        except BaseException:
+            _trace.discard()
+            raise
         _runtime = Runtime(config, backend)
+        _stacks.install_signal_handler()  # SIGUSR1 dumps every stack (stacks.py)
         # Registered after the backend started so it runs before the backend's own exit hooks
         # (atexit is last-in, first-out): unobserved failures are still reported and alerts
         # flushed while the workers exist.
@@ -324,9 +339,12 @@ def shutdown(timeout: float = 10.0) -> None:
                 # the process group other processes wait on, or the process itself.
                 rt.alerts.flush(timeout)
         finally:
+            _trace.gather(rt.backend)  # other processes' trace events, while they still run
             _runtime = None
             try:
                 rt.backend.shutdown()
             finally:
+                _stacks.uninstall_signal_handler()
+                _trace.finish()  # writes the trace when one is recorded (trace.py)
                 if rt.alerts is not None:
                     rt.alerts.close(timeout)  # only what is left of the deadline

@@ -26,6 +26,9 @@ log = logging.getLogger("twinkle.stacks")
 
 #: Frames of each stack kept (the innermost ones).
 MAX_FRAMES = 40
+#: A call's timeout of at least this many seconds gets the stacks as a note (shorter ones are
+#: polls, e.g. `lazy(timeout=0.1)` in a loop, which should stay cheap).
+NOTE_MIN_TIMEOUT_S = 1.0
 #: Threads of Ray, Python and twinkle itself that never run user code: left out of dumps.
 QUIET_THREADS = ("ray_", "PythonGCThread", "twinkle-")
 #: Frames of Ray's own task loop above the user's code: left out of stacks.

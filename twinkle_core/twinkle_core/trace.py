@@ -202,6 +202,18 @@ def start(path: str, *, label: str = "driver") -> Recorder:
     return RECORDER
 
 
+def discard() -> None:
+    """Stop recording without writing (the run did not start)."""
+    global RECORDER, _saved_env
+    if RECORDER is not None and RECORDER.role == "driver":
+        if _saved_env is None:
+            os.environ.pop(WORKER_ENV, None)
+        else:
+            os.environ[WORKER_ENV] = _saved_env
+        _saved_env = None
+    RECORDER = None
+
+
 def start_worker(label: str) -> Recorder:
     """Start recording in a worker process (it never writes; its events are gathered)."""
     global RECORDER
@@ -333,17 +345,17 @@ def chrome_trace(rec: Recorder) -> dict[str, Any]:
     call_end: dict[tuple[str, int], int] = {}
     exec_key: list[tuple[str, int] | None] = []
     for e in rec.executions:
-        key = _call_key(rec, e)
-        exec_key.append(key)
-        if key is not None:
-            call_end[key] = max(call_end.get(key, e[7]), e[7])
+        ck = _call_key(rec, e)
+        exec_key.append(ck)
+        if ck is not None:
+            call_end[ck] = max(call_end.get(ck, e[7]), e[7])
 
     dispatch_at: dict[tuple[str, int], tuple[int, int, int]] = {}
     for kind, method, _group, call, thread, t0, t1, args, label in rec.driver:
         pid, tid = pids[label], threads[(label, thread)]
         if kind == "dispatch":
             dispatch_at[(label, call)] = (pid, tid, t0)
-            events.append(_x(f"dispatch {method}", "driver", us(t0), us(t1), pid, tid, args))
+            events.append(_x(f"dispatch {method}", "dispatch", us(t0), us(t1), pid, tid, args))
             continue
         done = call_end.get((label, call))
         split = t0 if done is None else min(max(done, t0), t1)
@@ -355,18 +367,18 @@ def chrome_trace(rec: Recorder) -> dict[str, Any]:
             events.append(_x(f"collect {method}", "collect", us(split), us(t1), pid, tid, args))
 
     flow = 0
-    for e, key in zip(rec.executions, exec_key, strict=True):
+    for e, ek in zip(rec.executions, exec_key, strict=True):
         name, group, rank, node, call, link, t0, t1, label = e
-        args: dict[str, Any] = {"group": group, "rank": rank, "node": node, "call": call}
-        if key is not None:
-            args["call"] = key[1]
-            if key[0] != "driver":
-                args["driver"] = key[0]
+        eargs: dict[str, Any] = {"group": group, "rank": rank, "node": node, "call": call}
+        if ek is not None:
+            eargs["call"] = ek[1]
+            if ek[0] != "driver":
+                eargs["driver"] = ek[0]
         if link is not None:
-            args["task"] = link
+            eargs["task"] = link
         pid, tid = group_pid[group], rank
-        events.append(_x(name, "worker", us(t0), us(t1), pid, tid, args))
-        origin_at = dispatch_at.get(key) if key is not None else None
+        events.append(_x(name, "worker", us(t0), us(t1), pid, tid, eargs))
+        origin_at = dispatch_at.get(ek) if ek is not None else None
         if origin_at is not None:
             flow += 1
             dpid, dtid, dts = origin_at
