@@ -111,15 +111,33 @@ class Recorder:
         if nbytes is not None:
             args["bytes"] = nbytes
         self.driver.append(
-            ("dispatch", method, group, call, threading.current_thread().name, start_ns,
-             now_ns(), args, self.label)
+            (
+                "dispatch",
+                method,
+                group,
+                call,
+                threading.current_thread().name,
+                start_ns,
+                now_ns(),
+                args,
+                self.label,
+            )
         )
 
     def collect_span(self, call: int, start_ns: int, method: str, group: str) -> None:
         """The driver waited for and collected the call from `start_ns` until now."""
         self.driver.append(
-            ("collect", method, group, call, threading.current_thread().name, start_ns,
-             now_ns(), {"call": call, "group": group}, self.label)
+            (
+                "collect",
+                method,
+                group,
+                call,
+                threading.current_thread().name,
+                start_ns,
+                now_ns(),
+                {"call": call, "group": group},
+                self.label,
+            )
         )
 
     # ------------------------------------------------------------------ worker side
@@ -383,12 +401,27 @@ def chrome_trace(rec: Recorder) -> dict[str, Any]:
             flow += 1
             dpid, dtid, dts = origin_at
             events.append(
-                {"name": "call", "cat": "call", "ph": "s", "id": flow, "ts": us(dts),
-                 "pid": dpid, "tid": dtid}
+                {
+                    "name": "call",
+                    "cat": "call",
+                    "ph": "s",
+                    "id": flow,
+                    "ts": us(dts),
+                    "pid": dpid,
+                    "tid": dtid,
+                }
             )
             events.append(
-                {"name": "call", "cat": "call", "ph": "f", "bp": "e", "id": flow,
-                 "ts": us(t0), "pid": pid, "tid": tid}
+                {
+                    "name": "call",
+                    "cat": "call",
+                    "ph": "f",
+                    "bp": "e",
+                    "id": flow,
+                    "ts": us(t0),
+                    "pid": pid,
+                    "tid": tid,
+                }
             )
     return {
         "traceEvents": events,
@@ -422,8 +455,14 @@ def _meta(name: str, pid: int, tid: int, value: Any, key: str = "name") -> dict[
 
 def _x(name: str, cat: str, ts: float, end: float, pid: int, tid: int, args: dict) -> dict:
     return {
-        "name": name, "cat": cat, "ph": "X", "ts": ts, "dur": round(max(end - ts, 0.0), 3),
-        "pid": pid, "tid": tid, "args": args,
+        "name": name,
+        "cat": cat,
+        "ph": "X",
+        "ts": ts,
+        "dur": round(max(end - ts, 0.0), 3),
+        "pid": pid,
+        "tid": tid,
+        "args": args,
     }
 
 

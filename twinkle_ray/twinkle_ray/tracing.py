@@ -227,13 +227,15 @@ def worker_stacks(backend: Any, workers: Any, timeout: float) -> list[tuple[str,
             ]
         except Exception as exc:
             results[i] = [
-                (who, f"(no answer within {timeout:g}s: {type(exc).__name__}: {exc}; the actor "
-                      "died, or is stuck in C code holding Python's GIL)")
+                (
+                    who,
+                    f"(no answer within {timeout:g}s: {type(exc).__name__}: {exc}; the actor "
+                    "died, or is stuck in C code holding Python's GIL)",
+                )
             ]
 
     threads = [
-        threading.Thread(target=one, args=(i, a, w), daemon=True)
-        for i, (a, w) in enumerate(actors)
+        threading.Thread(target=one, args=(i, a, w), daemon=True) for i, (a, w) in enumerate(actors)
     ]
     for t in threads:
         t.start()

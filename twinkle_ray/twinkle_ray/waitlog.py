@@ -69,9 +69,7 @@ def free_text(resources: tuple[str, ...]) -> str:
         have = free.get(node_id, {})
         shown = [r for r in resources if r in node.get("Resources", {})]
         label = f"{node.get('NodeManagerAddress', '?')}/{node_id[:8]}"
-        parts.append(
-            f"node {label} " + " ".join(f"{_amount(have.get(r, 0.0))} {r}" for r in shown)
-        )
+        parts.append(f"node {label} " + " ".join(f"{_amount(have.get(r, 0.0))} {r}" for r in shown))
     return ", ".join(parts) if parts else "no live nodes"
 
 
@@ -116,9 +114,7 @@ def wait_for_placement(
     deadline = start + timeout
     while True:
         left = deadline - time.monotonic()
-        ready, missing = ray.wait(
-            refs, num_returns=len(refs), timeout=max(0.0, min(step, left))
-        )
+        ready, missing = ray.wait(refs, num_returns=len(refs), timeout=max(0.0, min(step, left)))
         if not missing or time.monotonic() >= deadline:
             return ready, missing
         resources = sorted(
