@@ -5,9 +5,9 @@ handle passing with `execute='peer'`, iteration and per-worker random state, and
 collected values as one JSON line prefixed with `CONFORMANCE `. The in-process backend's output
 is the reference every other backend must reproduce:
 
-    python conformance.py inprocess
-    torchrun --standalone --nproc_per_node=2 conformance.py local
-    python conformance.py ray
+    python tests/_support/conformance.py inprocess
+    torchrun --standalone --nproc_per_node=2 tests/_support/conformance.py local
+    python tests/_support/conformance.py ray
 """
 
 from __future__ import annotations

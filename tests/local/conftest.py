@@ -19,7 +19,8 @@ from _support.net import free_port
 
 import twinkle_core
 
-JOBS = Path(__file__).resolve().parent / "jobs"
+TESTS = Path(__file__).resolve().parents[1]
+JOBS = TESTS / "local" / "jobs"
 TORCHRUN_VARS = (
     "WORLD_SIZE",
     "RANK",
@@ -91,6 +92,8 @@ def run_job(
     token = f"twinkle-test-{uuid.uuid4().hex}"
     env = {k: v for k, v in os.environ.items() if k not in TORCHRUN_VARS}
     env.pop("TWINKLE_MODE", None)
+    # The job scripts share the tests' helpers (`from _support import ...`), as pytest does.
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), env.get("PYTHONPATH")]))
     torchrun = [sys.executable, "-m", "torch.distributed.run"]
     script_args = [str(JOBS / script), str(out_dir), *args]
     if nodes:

@@ -58,15 +58,14 @@ def test_conformance_driver_matches_inprocess(main_job, rank):
     _, ranks = main_job
     reference = ranks[0]["reference_conformance"]
     assert_close(ranks[rank]["local_conformance"], reference)
-    # The reference itself is what a plain `python conformance.py inprocess` prints.
+    # The reference itself is what a plain `python tests/_support/conformance.py inprocess` prints.
     assert reference["identity"] == [[0, 2, "trainer", 0, 2], [1, 2, "trainer", 1, 2]]
     assert reference["peer"] == [[0, 0], [1, 1]]
 
 
 @pytest.mark.parametrize("rank", [0, 1])
 def test_design_example_gives_the_written_down_values_on_every_rank(main_job, rank):
-    sys.path.insert(0, str(JOBS.parents[1] / "integration"))
-    import design_example
+    from _support import design_example
 
     _, ranks = main_job
     assert ranks[rank]["design"] == design_example.EXPECTED

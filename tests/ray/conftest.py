@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
@@ -25,7 +24,6 @@ for _var in (
 ):
     os.environ[_var] = "1"
 
-INTEGRATION = Path(__file__).resolve().parents[1] / "integration"
 GPUS_PER_NODE = 4
 CPUS_PER_NODE = 6
 
@@ -71,9 +69,7 @@ def cluster():
 def conformance():
     """The shared conformance driver, pickled by value so Ray workers need not import it."""
     import ray.cloudpickle
-
-    sys.path.insert(0, str(INTEGRATION))
-    import conformance as module
+    from _support import conformance as module
 
     ray.cloudpickle.register_pickle_by_value(module)
     return module

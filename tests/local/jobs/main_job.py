@@ -13,15 +13,10 @@ import os
 import sys
 from pathlib import Path
 
+import scenarios
 import torch
 import torch.distributed as dist
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "integration"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import conformance
-import design_example
-import scenarios
+from _support import conformance, design_example
 
 from twinkle_core import (
     DeviceGroup,

@@ -12,13 +12,9 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import torch.distributed as dist
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "integration"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import conformance
 import scenarios
+import torch.distributed as dist
+from _support import conformance
 
 from twinkle_core import (
     DeviceGroup,
