@@ -23,11 +23,24 @@ from twinkle_core.plugin import AcceleratorPlatform, CpuPlatform
 log = logging.getLogger("twinkle")
 
 
+_torch_installed: bool | None = None  # find_spec is a filesystem search: ask once
+
+
+def torch_installed() -> bool:
+    """Whether torch can be imported here, without importing it."""
+    global _torch_installed
+    if "torch" in sys.modules:
+        return True
+    if _torch_installed is None:
+        _torch_installed = importlib.util.find_spec("torch") is not None
+    return _torch_installed
+
+
 def torch_or_none() -> ModuleType | None:
     """The torch module, imported on first use; None when torch is not installed."""
     if "torch" in sys.modules:
         return sys.modules["torch"]
-    if importlib.util.find_spec("torch") is None:
+    if not torch_installed():
         return None
     try:
         return importlib.import_module("torch")
