@@ -401,6 +401,43 @@ class RemoteCollected:
         return f"<RemoteCollected {getattr(self.collector, 'name', '?')} of {len(self.refs_)}>"
 
 
+class RemoteStacked:
+    """`concat` of one plain leaf per result (numbers, strings, 0-d arrays): an array of one
+    row per result, made on the consumer; sliceable like that array without fetching."""
+
+    __slots__ = ("collector", "path", "refs_")
+
+    def __init__(self, refs: list, collector: Any, path: tuple = ()) -> None:
+        self.refs_ = list(refs)
+        self.collector = collector
+        self.path = path
+
+    def __len__(self) -> int:
+        return len(self.refs_)
+
+    @property
+    def shape(self) -> tuple[int]:
+        return (len(self.refs_),)
+
+    def __getitem__(self, item: Any) -> RemoteStacked:
+        if not isinstance(item, slice):
+            raise TypeError("a RemoteStacked (not fetched yet) only supports slices along dim 0")
+        return RemoteStacked(self.refs_[item], self.collector, self.path)
+
+    def refs(self) -> list:
+        return list(self.refs_)
+
+    def fetch(self, fetched: dict | None = None) -> Any:
+        fetched = fetched if fetched is not None else _fetch_map(self.refs())
+        values = [_at(fetched[r], self.path) for r in self.refs_]
+        if not values:
+            return np.empty(0)
+        return self.collector.collect(values, None)
+
+    def __reduce__(self):
+        return (RemoteStacked, (self.refs_, self.collector, self.path))
+
+
 class RemoteArray:
     """The dim-0 concatenation of arrays (results, or the items at `path` inside them) in the
     object store, sliceable without fetching.
@@ -496,7 +533,7 @@ class RemoteArray:
         return f"<RemoteArray{how} {self.kind} len={len(self)} parts={len(self.parts)}>"
 
 
-PLACEHOLDERS = (RemoteValue, RemoteCollected, RemoteArray)
+PLACEHOLDERS = (RemoteValue, RemoteCollected, RemoteArray, RemoteStacked)
 
 
 def mirror(tree: Tree, ref: Any, path: tuple = ()) -> Any:

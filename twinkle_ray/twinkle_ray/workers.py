@@ -53,6 +53,7 @@ from .payload_check import checked_arguments
 from .transfer import (
     RemoteArray,
     RemoteCollected,
+    RemoteStacked,
     RemoteValue,
     ResultMeta,
     Stored,
@@ -752,7 +753,8 @@ def _flatten(values: list) -> list:
 
 
 def _concat_placeholders(values: list) -> Any:
-    """`concat` of one leaf of every shard, as core's collector does it."""
+    """`concat` of one leaf of every shard, as core's collector does it (a leaf that is an
+    array of one kind for all shards, a list, or a plain value per shard)."""
     first = values[0]
     if isinstance(first, list):
         return _flatten(values)
@@ -764,6 +766,10 @@ def _concat_placeholders(values: list) -> Any:
     ):
         parts = [part for v in values for part in v.parts]
         return RemoteArray(parts, first.kind, first.path, first.inner, first.dtype)
+    if isinstance(first, RemoteValue) and all(
+        isinstance(v, RemoteValue) and v.path == first.path for v in values
+    ):
+        return RemoteStacked([v.ref for v in values], ConcatCollector(), first.path)
     raise _Fallback
 
 
@@ -784,4 +790,6 @@ def _reduce_placeholders(values: list, collector: Any) -> Any:
         isinstance(v, RemoteValue) and v.path == first.path for v in values
     ):
         return RemoteCollected([v.ref for v in values], collector, None, first.path)
+    if type(collector) is SumCollector and all(type(v) is list for v in values):
+        return [item for v in values for item in v]  # `+` of lists joins them
     raise _Fallback
