@@ -389,9 +389,7 @@ def chrome_trace(rec: Recorder) -> dict[str, Any]:
         name, group, rank, node, call, link, t0, t1, label = e
         eargs: dict[str, Any] = {"group": group, "rank": rank, "node": node, "call": call}
         if ek is not None:
-            eargs["call"] = ek[1]
-            if ek[0] != "driver":
-                eargs["driver"] = ek[0]
+            eargs["call"], eargs["driver"] = ek[1], ek[0]
         if link is not None:
             eargs["task"] = link
         pid, tid = group_pid[group], rank

@@ -1,0 +1,100 @@
+"""The call timeline under torchrun: every rank records, rank 0 writes one merged file."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from .conftest import run_job
+
+
+@pytest.fixture(scope="module")
+def traced_job(tmp_path_factory):
+    out = tmp_path_factory.mktemp("trace")
+    job = run_job("trace_job.py", out, timeout=180)
+    assert job.returncode == 0, job.output[-4000:]
+    return json.loads((out / "run.json").read_text()), out
+
+
+def test_rank_zero_writes_one_merged_trace_with_every_rank(traced_job):
+    data, out = traced_job
+    assert sorted(p.name for p in out.iterdir() if p.suffix == ".json") == ["run.json"]
+    events = data["traceEvents"]
+    processes = {
+        e["pid"]: e["args"]["name"]
+        for e in events
+        if e["ph"] == "M" and e["name"] == "process_name"
+    }
+    assert set(processes.values()) == {
+        "driver rank 0",
+        "driver rank 1",
+        "group prod",
+        "group sync",
+    }
+    pid_of = {v: k for k, v in processes.items()}
+    executions = [e for e in events if e["ph"] == "X" and e["cat"] == "worker"]
+    # 3 rounds x 2 groups x 2 ranks, each recorded by the process that ran it.
+    assert len(executions) == 12
+    for e in executions:
+        group = e["args"]["group"]
+        assert e["pid"] == pid_of[f"group {group}"] and e["tid"] == e["args"]["rank"]
+        assert e["name"] == {"prod": "Producer.make", "sync": "Synced.step"}[group]
+        assert e["dur"] >= 0.05 * 1e6 * 0.9
+        # Rank r's worker ran the call made by rank r's copy of the driver script.
+        assert e["args"]["driver"] == f"driver rank {e['args']['rank']}"
+    # Both driver copies made the same calls, numbered alike.
+    dispatches = [e for e in events if e["ph"] == "X" and e["cat"] == "dispatch"]
+    per_driver = {
+        name: sorted(e["args"]["call"] for e in dispatches if e["pid"] == pid_of[name])
+        for name in ("driver rank 0", "driver rank 1")
+    }
+    assert (
+        per_driver["driver rank 0"] == per_driver["driver rank 1"] and per_driver["driver rank 0"]
+    )
+    assert "driver rank 1" in data["otherData"]["clock_offsets_ns"]
+    # Flow arrows go from each rank's driver to the executions in its own process.
+    starts = {e["id"]: e for e in events if e["ph"] == "s"}
+    for end in (e for e in events if e["ph"] == "f"):
+        worker = next(
+            x
+            for x in executions
+            if x["pid"] == end["pid"] and x["tid"] == end["tid"] and x["ts"] == end["ts"]
+        )
+        expected = "driver rank 1" if worker["args"]["rank"] == 1 else "driver rank 0"
+        assert starts[end["id"]]["pid"] == pid_of[expected]
+
+
+def test_clocks_are_aligned_across_ranks(traced_job):
+    data, _ = traced_job
+    steps = [e for e in data["traceEvents"] if e["ph"] == "X" and e["name"] == "Synced.step"]
+    by_call: dict[int, dict[int, dict]] = {}
+    for e in steps:
+        by_call.setdefault(e["args"]["call"], {})[e["args"]["rank"]] = e
+    assert len(by_call) == 3
+    for ranks in by_call.values():
+        r0, r1 = ranks[0], ranks[1]
+        # The all-reduce at the end of the method ends both executions at the same moment,
+        # although rank 1 started its all-reduce 0.1 s later than rank 0.
+        assert r0["dur"] > r1["dur"] - 20_000 and r0["dur"] >= 0.14 * 1e6
+        assert abs((r0["ts"] + r0["dur"]) - (r1["ts"] + r1["dur"])) < 20_000  # 20 ms, loaded
+
+
+def test_summary_of_the_merged_trace(traced_job, tmp_path):
+    from twinkle_core.trace_summary import summarize
+
+    data, _ = traced_job
+    summary = summarize(data["traceEvents"])
+    names = {m.name: m.count for m in summary.methods}
+    assert names == {"Producer.make": 6, "Synced.step": 6}
+    assert {d.name for d in summary.drivers} == {"driver rank 0", "driver rank 1"}
+
+
+def test_sigusr1_makes_every_rank_dump_its_own_stacks(tmp_path):
+    job = run_job("trace_job.py", tmp_path, "hang", timeout=180)
+    assert job.returncode == 0, job.output[-4000:]
+    dumps = job.output.split("twinkle: Python stacks of the driver and workers")
+    assert len(dumps) == 3, job.output[-4000:]  # one per rank
+    for dump in dumps[1:]:
+        assert "trace_job.py" in dump and ", in wait" in dump, dump
+        assert "time.sleep(3)  # the worker hangs here" in dump
