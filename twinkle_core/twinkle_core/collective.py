@@ -271,6 +271,34 @@ class MemberHub:
             "a process of its own"
         )
 
+    def _check_spans(self, rank: int, k: int, kind: str) -> None:
+        """The first member of a process to reach collective k exchanges with the other
+        processes' first members: they must be in the same call, i.e. its object must have a
+        worker in every process of the group (else they would wait for each other forever)."""
+        if self.link is None or self.link.size <= 1:
+            return
+        for class_name, group, first, size in self.spec.objects:
+            if first <= rank < first + size:
+                spans = {self.process_of[r] for r in range(first, first + size)}
+                missing = sorted(set(range(self.link.size)) - spans)
+                if not missing:
+                    return
+                whole = [
+                    f"{c} (group {g!r})"
+                    for c, g, f, n in self.spec.objects
+                    if {self.process_of[r] for r in range(f, f + n)} >= set(range(self.link.size))
+                ]
+                self.counts[rank] = k  # not taken
+                raise ConfigurationError(
+                    f"collective group {self.spec.name!r}: {class_name} (group {group!r}) "
+                    f"reached {kind} #{k + 1} first in its process, but it has no worker in "
+                    f"{len(missing)} of the group's {self.link.size} processes, which would not "
+                    f"take part in this call. In mode {self.mode!r}, call first the method of an "
+                    "object with a worker in every process of the group"
+                    + (f" ({', '.join(whole)})" if whole else "")
+                )
+        return
+
     def _take(self, rank: int, kind: str, src: int | None) -> tuple[int, _Slot | None]:
         """This member's sequence number, and the slot of it if another member made it."""
         k = self.counts[rank]
@@ -310,6 +338,7 @@ class MemberHub:
                     "call the source's method before the receivers'"
                 )
             if self.link is not None and self.link.size > 1:
+                self._check_spans(rank, k, "broadcast")
                 self.link.broadcast(tensors, self.process_of[src])
             result = [_clone(t) for t in tensors]
             remaining = len(self.local_ranks) - 1
@@ -321,6 +350,7 @@ class MemberHub:
         if len(self.local_ranks) > 1:
             raise self._sharing_error(rank, kind)
         k, _ = self._take(rank, kind, None)
+        self._check_spans(rank, k, kind)
         return k
 
     def all_reduce(self, rank: int, tensors: list[Any], op: str) -> list[Any]:

@@ -39,6 +39,7 @@ from twinkle_core.plugin import (
     worker_failure,
 )
 
+from . import collective as local_collective
 from .calls import LocalPendingCall
 from .callsite import driver_call_site
 from .channel import ChannelError, ControlChannel
@@ -110,6 +111,8 @@ class LocalBackend(ExecutionBackend):
         self.spec_cache: dict[int, Any] = {}
         self.rng: RngSwitch | None = None
         self.watchdog = Watchdog(self)
+        #: Subgroups of this run's collective groups (destroyed at shutdown).
+        self._collective_links: list[Any] = []
 
     # ----------------------------------------------------------------- start
     def initialize(self, config) -> None:
@@ -526,6 +529,22 @@ class LocalBackend(ExecutionBackend):
             self, group, device_mesh, cls, num_workers, placements, instance, state, party
         )
 
+    def create_collective_group(self, group, workers) -> None:
+        """Members are workers of this job's processes (worker r in process r); processes meet
+        over a new subgroup made by every process in the same order (`collective.py`)."""
+        for w in workers:
+            if not isinstance(w, LocalWorkerGroup) or w.backend is not self:
+                raise ConfigurationError(
+                    f"collective_group({group.name!r}): {w.class_name} does not belong to this run"
+                )
+        with self.lock:
+            self.drain(None)  # every process makes the subgroup at the same point of its calls
+            if self.broken is not None:
+                raise WorkerDiedError(self.broken_message())
+            link = local_collective.create(group, workers, self.env.rank, self.channel.distributed)
+        if link is not None:
+            self._collective_links.append(link)
+
     def _devices(self, group: DeviceGroup, rank: int) -> tuple[int, ...]:
         if group.device_type == "cpu":
             return tuple(group.worker_ranks(rank))
@@ -674,6 +693,9 @@ class LocalBackend(ExecutionBackend):
 
     def _destroy_groups(self) -> None:
         """Destroy the process groups this backend created, and only those."""
+        links, self._collective_links = self._collective_links, []
+        for link in links:
+            link.destroy()
         if self._control_group is None and not self._owns_default_group:
             return
         import torch.distributed as dist
