@@ -25,3 +25,24 @@ def in_thread(fn: Callable[[], Any], timeout: float = 60.0) -> Any:
     if "error" in box:
         raise box["error"]
     return box["value"]
+
+
+def from_threads(fn: Callable[[], Any], threads: int, per_thread: int, timeout: float = 120.0):
+    """Call `fn` `per_thread` times in each of `threads` threads at once; return every value
+    (in completion order). Fails when a thread has not finished within `timeout` seconds."""
+    out: list[Any] = []
+    lock = threading.Lock()
+
+    def work() -> None:
+        for _ in range(per_thread):
+            value = fn()
+            with lock:
+                out.append(value)
+
+    workers = [threading.Thread(target=work, daemon=True) for _ in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(timeout)
+    assert not any(w.is_alive() for w in workers), "a driver thread hung"
+    return out

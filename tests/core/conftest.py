@@ -1,17 +1,9 @@
 from __future__ import annotations
 
 import pytest
+from _support.fixtures import _clean_runtime  # noqa: F401 - autouse in this suite
 
-import twinkle_core
 from twinkle_core.plugins import reset_plugins
-
-
-@pytest.fixture(autouse=True)
-def _clean_runtime():
-    """Every test starts and ends without an active twinkle run."""
-    twinkle_core.shutdown()
-    yield
-    twinkle_core.shutdown()
 
 
 @pytest.fixture

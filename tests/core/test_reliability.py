@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import random
-import threading
 
 import numpy as np
 import pytest
+from _support.threads import from_threads
 
 from twinkle_core import (
     CollectError,
@@ -46,21 +46,7 @@ def _draws(threads: int, per_thread: int) -> tuple[list, bool]:
     try:
         drawer = Drawer(remote_group="g")
         before = (random.getstate(), np.random.get_state()[1].copy())
-        out: list = []
-        lock = threading.Lock()
-
-        def work():
-            for _ in range(per_thread):
-                value = drawer.draw()()
-                with lock:
-                    out.append(value)
-
-        workers = [threading.Thread(target=work) for _ in range(threads)]
-        for w in workers:
-            w.start()
-        for w in workers:
-            w.join(120)
-        assert not any(w.is_alive() for w in workers), "a driver thread hung"
+        out = from_threads(lambda: drawer.draw()(), threads, per_thread)
         untouched = random.getstate() == before[0] and bool(
             (np.random.get_state()[1] == before[1]).all()
         )

@@ -10,36 +10,21 @@ import threading
 
 import pytest
 from _support.threads import in_thread
+from _support.workers import OkOrFail
 
 from twinkle_core import (
     CallTimeoutError,
     DeviceGroup,
     hookimpl,
     initialize,
-    remote_class,
-    remote_function,
     shutdown,
 )
 from twinkle_core.plugins import plugin_system, reset_plugins
 
 
-@remote_class()
-class Worker:
-    def __init__(self) -> None:
-        self.gate = threading.Event()
-
-    @remote_function(dispatch="all", collect="first")
-    def fail(self):
-        raise ValueError("nobody collects this")
-
-    @remote_function(dispatch="all", collect="first")
-    def ok(self):
-        return "ok"
-
-
 def test_a_call_after_an_uncollected_failure_returns():
     initialize("inprocess", groups=[DeviceGroup("g", 2)])
-    w = Worker(remote_group="g")
+    w = OkOrFail(remote_group="g")
     w.fail()  # never collected: settled by the next calls' bookkeeping
     assert in_thread(lambda: [w.ok()() for _ in range(10)]) == ["ok"] * 10
     shutdown()
@@ -59,10 +44,10 @@ def test_a_failure_hook_may_make_remote_calls():
     plugin_system().add(plugin, name="calls-back")
     try:
         initialize("inprocess", groups=[DeviceGroup("g", 2)])
-        w = Worker(remote_group="g")
+        w = OkOrFail(remote_group="g")
         with pytest.raises(ValueError):
             in_thread(lambda: w.fail()())
-        assert seen == [("Worker.fail", "ok")]
+        assert seen == [("OkOrFail.fail", "ok")]
         w.fail()
         in_thread(lambda: [w.ok() for _ in range(8)])  # settles the failure, hook calls back
         shutdown()
@@ -72,7 +57,7 @@ def test_a_failure_hook_may_make_remote_calls():
 
 def test_tracking_many_calls_keeps_only_those_in_flight():
     initialize("inprocess", groups=[DeviceGroup("g", 2)])
-    w = Worker(remote_group="g")
+    w = OkOrFail(remote_group="g")
     from twinkle_core.runtime import current_runtime
 
     for _ in range(2000):
@@ -104,7 +89,7 @@ def test_memory_stays_flat_over_many_calls():
 
     initialize("inprocess", groups=[DeviceGroup("g", 1)])
     try:
-        w = Worker(remote_group="g")
+        w = OkOrFail(remote_group="g")
 
         def calls(n):
             for i in range(n):

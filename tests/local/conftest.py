@@ -15,9 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 from _support import jobs
+from _support.fixtures import _clean_runtime  # noqa: F401 - autouse in this suite
 from _support.net import free_port
-
-import twinkle_core
 
 TESTS = Path(__file__).resolve().parents[1]
 JOBS = TESTS / "local" / "jobs"
@@ -29,14 +28,6 @@ TORCHRUN_VARS = (
     "MASTER_ADDR",
     "MASTER_PORT",
 )
-
-
-@pytest.fixture(autouse=True)
-def _clean_runtime():
-    """Every test starts and ends without an active twinkle run."""
-    twinkle_core.shutdown()
-    yield
-    twinkle_core.shutdown()
 
 
 @pytest.fixture

@@ -4,13 +4,13 @@ objects of a shut-down run, and device checks at initialize (torchrun jobs: test
 from __future__ import annotations
 
 import random
-import threading
 import time
 
 import numpy as np
 import pytest
 import torch
-from _support.threads import in_thread
+from _support.threads import from_threads, in_thread
+from _support.workers import OkOrFail
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -182,21 +182,7 @@ def _lone_draws(threads: int, per_thread: int) -> list:
     initialize("local", seed=5)
     try:
         busy = Busy(remote_group="default")
-        out: list = []
-        lock = threading.Lock()
-
-        def work():
-            for _ in range(per_thread):
-                value = busy.draw()()
-                with lock:
-                    out.append(value)
-
-        workers = [threading.Thread(target=work) for _ in range(threads)]
-        for t in workers:
-            t.start()
-        for t in workers:
-            t.join(60)
-        assert not any(t.is_alive() for t in workers)
+        out = from_threads(lambda: busy.draw()(), threads, per_thread)
         return sorted(out)
     finally:
         shutdown()
@@ -243,18 +229,6 @@ def test_more_processes_than_devices_on_a_node_is_a_configuration_error(fake_cud
 
 
 # --------------------------------------------------------------------------- lock order
-@remote_class()
-class Flaky:
-    def __init__(self) -> None:
-        pass
-
-    @remote_function(dispatch="all", collect="first")
-    def fail(self):
-        raise ValueError("nobody collects this")
-
-    @remote_function(dispatch="all", collect="first")
-    def ok(self):
-        return "ok"
 
 
 def test_a_failure_hook_may_make_remote_calls_and_uncollected_failures_settle():
@@ -275,10 +249,10 @@ def test_a_failure_hook_may_make_remote_calls_and_uncollected_failures_settle():
     try:
         initialize("local")
         try:
-            flaky = Flaky(remote_group="default")
+            flaky = OkOrFail(remote_group="default")
             with pytest.raises(ValueError):
                 in_thread(lambda: flaky.fail()())
-            assert seen == [("Flaky.fail", "ok")]
+            assert seen == [("OkOrFail.fail", "ok")]
             flaky.fail()  # never collected: settled by later calls' bookkeeping
             assert in_thread(lambda: [flaky.ok()() for _ in range(10)]) == ["ok"] * 10
         finally:

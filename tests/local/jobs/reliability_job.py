@@ -17,7 +17,6 @@ import json
 import os
 import random
 import sys
-import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -25,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
+from _support.threads import from_threads
 
 from twinkle_core import (
     CallTimeoutError,
@@ -227,21 +227,7 @@ def draws(threads: int, per_thread: int) -> tuple[list, bool]:
     try:
         drawer = Drawer(remote_group="g")
         before = (random.getstate(), np.random.get_state()[1].copy(), torch.get_rng_state())
-        out: list = []
-        lock = threading.Lock()
-
-        def work():
-            for _ in range(per_thread):
-                value = drawer.draw()()
-                with lock:
-                    out.append(value)
-
-        workers = [threading.Thread(target=work) for _ in range(threads)]
-        for t in workers:
-            t.start()
-        for t in workers:
-            t.join(120)
-        assert not any(t.is_alive() for t in workers), "a driver thread hung"
+        out = from_threads(lambda: drawer.draw()(), threads, per_thread)
         untouched = (
             random.getstate() == before[0]
             and bool((np.random.get_state()[1] == before[1]).all())
