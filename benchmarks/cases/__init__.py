@@ -19,4 +19,5 @@ MODULES = (
     "imports",
     "ray_overlap",
     "ray_tensor",
+    "ray_handoff",
 )
