@@ -51,12 +51,14 @@ def run(ctx: Context) -> list[Row]:
                 note=(
                     f"GB/s: twinkle {gbs['twinkle']:.1f}, twinkle numpy "
                     f"{gbs['twinkle-numpy']:.1f}, raw {gbs['raw']:.1f}, memcpy "
-                    f"{gbs['memcpy']:.1f}; twinkle/memcpy x{med['twinkle'] / med['memcpy']:.0f}"
+                    f"{gbs['memcpy']:.1f}; twinkle/memcpy x{med['twinkle'] / med['memcpy']:.0f}; "
+                    f"tensor at {gbs['twinkle'] / gbs['twinkle-numpy']:.2f}x the numpy speed"
                 ),
                 extra={
                     "median_s": med,
                     "gb_per_s": gbs,
                     "over_memcpy": {k: v / med["memcpy"] for k, v in med.items()},
+                    "tensor_over_numpy_speed": gbs["twinkle"] / gbs["twinkle-numpy"],
                     "twinkle_replaces_ray_tensor_reducer": result["twinkle_replaces_reducer"],
                 },
                 samples=s,
