@@ -3,7 +3,8 @@
 The task is a contextual bandit: a prompt is a 4-dimensional vector, the policy picks one of 4
 actions, and the reward processor pays 1 when the action matches a hidden rule. Each step:
 
-1. the sampler group loads the current policy weights and samples one action per prompt;
+1. the policy broadcasts its weights to the sampler group over a collective group (worker to
+   worker, never through the driver), and the sampler samples one action per prompt;
 2. the CPU processor group scores the rollouts;
 3. the policy group (2 data-parallel ranks) takes a REINFORCE step, all-reducing gradients
    with torch.distributed inside the group.
@@ -13,6 +14,10 @@ The same file runs in every mode; only `--mode` changes:
     python examples/rl_pipeline.py --mode inprocess
     torchrun --standalone --nproc_per_node=2 examples/rl_pipeline.py --mode local
     python examples/rl_pipeline.py --mode ray
+
+`--sync driver` moves the weights through the driver instead (`get_weights` then
+`load_weights`), and `--ballast-mib N` adds N MiB of extra weights to both nets (synced, unused),
+to measure the two paths (docs/data.md).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import argparse
 import json
 import os
 import sys
+import time
 
 import numpy as np
 import torch
@@ -28,6 +34,8 @@ import torch.distributed as dist
 
 from twinkle_core import (
     DeviceGroup,
+    collective,
+    collective_group,
     get_device_placement,
     get_worker_context,
     initialize,
@@ -37,10 +45,21 @@ from twinkle_core import (
 )
 
 N_FEATURES, N_ACTIONS = 4, 4
+#: The collective group of the policy's and the sampler's workers (weights go through it).
+WEIGHTS = "weights"
 
 
-def build_net() -> torch.nn.Module:
-    return torch.nn.Linear(N_FEATURES, N_ACTIONS)
+def build_net(ballast_mib: int = 0) -> torch.nn.Module:
+    net = torch.nn.Linear(N_FEATURES, N_ACTIONS)
+    if ballast_mib:  # stands in for a larger model when measuring the weight sync
+        net.register_buffer("ballast", torch.zeros(ballast_mib * 2**18))
+    return net
+
+
+def weight_tensors(net: torch.nn.Module) -> list:
+    """The net's weights in a fixed order; they share storage with the net, so a collective
+    writing into them loads the net."""
+    return list(net.state_dict().values())
 
 
 def data_parallel_world() -> int:
@@ -54,18 +73,24 @@ def data_parallel_world() -> int:
 class Policy:
     """The trained model: data parallel, gradients all-reduced inside the group."""
 
-    def __init__(self, lr: float) -> None:
+    def __init__(self, lr: float, ballast_mib: int = 0) -> None:
         ctx = get_worker_context()
         if ctx.world_size > 1 and not dist.is_initialized():
             # On Ray each group is its own torch.distributed world; twinkle set RANK,
             # WORLD_SIZE, MASTER_ADDR and MASTER_PORT for it. Under torchrun it already exists.
             dist.init_process_group("gloo")
-        self.net = build_net()  # same seed in every worker: identical initial weights
+        self.net = build_net(ballast_mib)  # same seed in every worker: identical weights
         self.opt = torch.optim.SGD(self.net.parameters(), lr=lr)
 
     @remote_function(dispatch="all", execute="first", collect="first")
     def get_weights(self) -> dict:
         return {k: v.detach().numpy().copy() for k, v in self.net.state_dict().items()}
+
+    @remote_function(dispatch="all", collect="none")
+    def send_weights(self) -> None:
+        """Broadcast rank 0's weights to every member of the weights group (the other policy
+        ranks take part and receive the same values they already hold)."""
+        collective(WEIGHTS).broadcast(weight_tensors(self.net), src=0)
 
     @remote_function(dispatch="slice_dp", collect="mean")
     def train_step(self, batch: dict) -> float:
@@ -90,8 +115,13 @@ class Policy:
 class Sampler:
     """Generates rollouts from the latest policy weights."""
 
-    def __init__(self) -> None:
-        self.net = build_net()
+    def __init__(self, ballast_mib: int = 0) -> None:
+        self.net = build_net(ballast_mib)
+
+    @remote_function(dispatch="all", collect="none")
+    def receive_weights(self) -> None:
+        """Take the policy's weights from the weights group, in place."""
+        collective(WEIGHTS).broadcast(weight_tensors(self.net), src=0)
 
     @remote_function(dispatch="all", collect="none")
     def load_weights(self, weights: dict) -> None:
@@ -142,6 +172,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--notifier", default=None, help="e.g. 'dingtalk' (configured from env)")
     parser.add_argument("--out", default=None, help="write the per-step table here as JSON")
+    parser.add_argument(
+        "--sync",
+        choices=("collective", "driver"),
+        default="collective",
+        help="how weights reach the sampler: a collective group, or through the driver",
+    )
+    parser.add_argument("--ballast-mib", type=int, default=0, help="extra MiB of weights")
     args = parser.parse_args(argv)
 
     # Collectives inside user code need real processes. In-process, the policy has one worker
@@ -161,18 +198,29 @@ def main(argv: list[str] | None = None) -> list[dict]:
     )
     table = []
     try:
-        policy = Policy(2.0, remote_group="policy")
-        sampler = Sampler(remote_group="sampler")
+        policy = Policy(2.0, args.ballast_mib, remote_group="policy")
+        sampler = Sampler(args.ballast_mib, remote_group="sampler")
         processor = RewardProcessor(args.seed, remote_group="processor")
         if is_main_process():
             print(get_device_placement(), flush=True)
-        weights = policy.get_weights()
+        if args.sync == "collective":
+            # One group over the policy's and the sampler's workers (policy ranks first).
+            collective_group(WEIGHTS, [policy, sampler])
         for step in range(args.steps):
+            started = time.perf_counter()
+            if args.sync == "collective":
+                # The source's call first (under torchrun and in-process the calls run one
+                # after the other); on Ray both run at once and meet in the broadcast.
+                sent = policy.send_weights()
+                loaded = sampler.receive_weights()
+                sent()
+            else:
+                loaded = sampler.load_weights(policy.get_weights())
+            loaded()
+            sync_s = time.perf_counter() - started
             # Lazy results flow between groups; nothing waits until a value is needed.
-            loaded = sampler.load_weights(weights)
             rollouts = sampler.generate(make_prompts(step, args.batch), step)
             scored = processor.score(rollouts)
-            loaded()
             rewards = np.array([r[3] for r in scored()], dtype=np.float32)
             batch = {
                 "states": np.stack([r[1] for r in scored()]),
@@ -180,12 +228,17 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 "advantages": rewards - rewards.mean(),
             }
             loss = policy.train_step(batch)
-            weights = policy.get_weights()
-            row = {"step": step, "loss": loss(), "reward": float(rewards.mean())}
+            row = {
+                "step": step,
+                "loss": loss(),
+                "reward": float(rewards.mean()),
+                "sync_s": sync_s,
+            }
             table.append(row)
             if is_main_process():
                 print(
-                    f"step {step:2d}  loss {row['loss']:+.6f}  reward {row['reward']:.3f}",
+                    f"step {step:2d}  loss {row['loss']:+.6f}  reward {row['reward']:.3f}  "
+                    f"weight sync {1000 * sync_s:.1f} ms ({args.sync})",
                     flush=True,
                 )
     finally:
