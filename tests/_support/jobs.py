@@ -8,9 +8,11 @@ the end of the output.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
+import sys
 import time
 import uuid
 from dataclasses import dataclass
@@ -101,3 +103,20 @@ def run_job(
         assert not left, f"{commands[0]} left processes behind: {left}"
     code = next((p.returncode for p in procs if p.returncode), 0)
     return Job(code, "\n".join(outputs), elapsed, Path(cwd), ended_at)
+
+
+def run_reporting_script(
+    path: Path, source: str, *, env_extra: dict[str, str] | None = None, timeout: float = 240
+):
+    """Write `source` to `path` and run it with this Python (RAY_ADDRESS unset, so an embedded
+    Ray cluster is its own); it must exit 0 and print one line `REPORT <json>`: return the JSON.
+    """
+    path.write_text(source)
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env.update(env_extra or {})
+    proc = subprocess.run(
+        [sys.executable, str(path)], env=env, capture_output=True, text=True, timeout=timeout
+    )
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("REPORT ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
+    return json.loads(lines[0][len("REPORT ") :])

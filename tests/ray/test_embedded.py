@@ -8,11 +8,9 @@ usable by the other modules.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
+
+from _support.jobs import run_reporting_script
 
 SCRIPT = textwrap.dedent(
     """
@@ -55,16 +53,11 @@ SCRIPT = textwrap.dedent(
 
 
 def test_embedded_cluster_starts_scrubbed_and_stops_repeatably(tmp_path):
-    script = tmp_path / "embedded.py"
-    script.write_text(SCRIPT)
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    env.update(TW_EMBEDDED_SECRET="s3cret", TWINKLE_EMBEDDED_FLAG="yes")
-    proc = subprocess.run(
-        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=240
+    report = run_reporting_script(
+        tmp_path / "embedded.py",
+        SCRIPT,
+        env_extra={"TW_EMBEDDED_SECRET": "s3cret", "TWINKLE_EMBEDDED_FLAG": "yes"},
     )
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("REPORT ")]
-    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
-    report = json.loads(lines[0][len("REPORT ") :])
     assert len(report) == 2
     for item in report:
         assert item["started"] and len(item["temp_dir"]) < 30

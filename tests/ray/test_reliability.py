@@ -5,9 +5,7 @@ fail early, named, without their values."""
 from __future__ import annotations
 
 import glob
-import json
 import os
-import subprocess
 import sys
 import textwrap
 import threading
@@ -16,6 +14,7 @@ import time
 import pytest
 import ray
 import ray.cloudpickle
+from _support.jobs import run_reporting_script
 
 import twinkle_core
 from twinkle_core import ConfigurationError, DeviceGroup, initialize
@@ -148,16 +147,11 @@ PRIVATE_SCRIPT = textwrap.dedent(
 
 
 def test_embedded_cluster_temp_dir_is_private(tmp_path):
-    script = tmp_path / "private.py"
-    script.write_text(PRIVATE_SCRIPT)
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    env.update(TW_PRIVATE_SECRET="hunter2-private", TWINKLE_PRIVATE_FLAG="flag-visible")
-    proc = subprocess.run(
-        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=240
+    report = run_reporting_script(
+        tmp_path / "private.py",
+        PRIVATE_SCRIPT,
+        env_extra={"TW_PRIVATE_SECRET": "hunter2-private", "TWINKLE_PRIVATE_FLAG": "flag-visible"},
     )
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("REPORT ")]
-    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
-    report = json.loads(lines[0][len("REPORT ") :])
     # The one directory twinkle creates is its user's alone; Ray's (0777 dirs, 0644 logs, by
     # Ray's design) lives inside it, so no other user can reach any of it.
     assert report["top_mode"] == 0o700
