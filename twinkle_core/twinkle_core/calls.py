@@ -44,6 +44,8 @@ class MethodSpec:
     sync: bool = False
     lazy_collect: bool | None = None
     timeout: float | None = None
+    #: How large tensor results travel to other groups (`twinkle_core.transport`).
+    transport: str = "auto"
 
     def resolved(self) -> tuple[Dispatcher, Collector]:
         """The dispatcher and collector this method names, looked up once per plugin state.

@@ -13,6 +13,7 @@ from .collect import Collector
 from .device_mesh import DeviceMesh
 from .dispatch import Dispatcher
 from .errors import ConfigurationError
+from .transport import check_transport
 
 T = TypeVar("T", bound=type)
 F = TypeVar("F", bound=Callable[..., Any])
@@ -42,13 +43,17 @@ def remote_function(
     sync: bool = False,
     lazy_collect: bool | None = None,
     timeout: float | None = None,
+    transport: str = "auto",
 ) -> Any:
     """Make a method of a `@remote_class` run on the workers of the object's group.
 
     On the driver, a call splits its arguments with `dispatch`, runs on the workers chosen by
     `execute` ('all', 'first' or 'peer'), and combines their results with `collect`. It returns
     a `LazyCollect` while lazy collection is on. Inside a worker the method runs directly.
+    `transport` names how large tensor results travel to other groups: 'auto', 'object_store'
+    or a registered transport (`twinkle_core.transport`).
     """
+    check_transport(transport)
     _check_strategy(dispatch, "dispatch", Dispatcher)
     _check_strategy(collect, "collect", Collector)
     if execute not in EXECUTE_MODES:
@@ -88,6 +93,7 @@ def remote_function(
             sync=sync,
             lazy_collect=lazy_collect,
             timeout=timeout,
+            transport=transport,
         )
 
         @functools.wraps(fn)

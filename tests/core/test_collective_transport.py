@@ -1,0 +1,93 @@
+"""`@remote_function(transport=...)` and the `auto` rule of `twinkle_core.transport`."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from twinkle_core import ConfigurationError, remote_class, remote_function
+from twinkle_core.remote import SPEC_ATTR
+from twinkle_core.transport import (
+    AUTO_MIN_BYTES,
+    Transport,
+    check_known,
+    choose_transport,
+)
+
+
+class Nccl(Transport):
+    device_types = ("cuda",)
+    modes = ("ray",)
+
+
+class Gloo(Transport):
+    device_types = ("cpu",)
+    modes = ("ray",)
+    min_bytes = 4 * AUTO_MIN_BYTES
+
+
+class Missing(Transport):
+    device_types = ("cuda",)
+    modes = ("ray",)
+
+    @classmethod
+    def is_available(cls) -> bool:
+        return False
+
+
+REGISTERED = {"missing": Missing, "nccl": Nccl, "gloo": Gloo}
+BIG = 64 * AUTO_MIN_BYTES
+
+
+def test_the_method_spec_carries_the_transport():
+    @remote_class()
+    class Model:
+        @remote_function(collect="first", transport="nccl")
+        def weights(self):
+            return 1
+
+        @remote_function
+        def plain(self):
+            return 2
+
+    assert getattr(Model.weights, SPEC_ATTR).transport == "nccl"
+    assert getattr(Model.plain, SPEC_ATTR).transport == "auto"
+
+
+@pytest.mark.parametrize("bad", [None, "", "  ", 3])
+def test_a_transport_must_be_a_name(bad):
+    with pytest.raises(ConfigurationError, match=r"transport=\.\.\.\) must be 'auto'"):
+        remote_function(transport=bad)
+
+
+def test_unknown_names_list_the_known_ones():
+    assert check_known("gloo", REGISTERED, "x") == "gloo"
+    assert check_known("object_store", (), "x") == "object_store"
+    with pytest.raises(ConfigurationError, match="known: 'auto', 'object_store', 'gloo'"):
+        check_known("hccl", ["gloo"], "Model.weights: transport")
+
+
+def test_auto_keeps_small_payloads_on_the_object_store():
+    assert choose_transport("auto", AUTO_MIN_BYTES - 1, "cuda", "ray", REGISTERED) == "object_store"
+    assert choose_transport("auto", BIG, "cuda", "ray", REGISTERED) == "nccl"  # skips missing
+
+
+def test_auto_uses_a_transport_only_where_it_serves_and_pays():
+    assert choose_transport("auto", BIG, "cuda", "local", REGISTERED) == "object_store"
+    assert choose_transport("auto", BIG, "cpu", "ray", REGISTERED) == "gloo"
+    assert choose_transport("auto", 2 * AUTO_MIN_BYTES, "cpu", "ray", REGISTERED) == "object_store"
+    assert choose_transport("object_store", BIG, "cuda", "ray", REGISTERED) == "object_store"
+
+
+def test_a_named_transport_that_cannot_carry_falls_back_with_one_log_line(caplog):
+    caplog.set_level(logging.INFO, logger="twinkle")
+    for _ in range(3):
+        got = choose_transport("nccl", BIG, "cpu", "ray", REGISTERED, method="Model.weights")
+        assert got == "object_store"
+    assert choose_transport("missing", BIG, "cuda", "ray", REGISTERED) == "object_store"
+    lines = [r.getMessage() for r in caplog.records if "Model.weights" in r.getMessage()]
+    assert lines == [
+        "twinkle: Model.weights: transport 'nccl' cannot move cpu tensors in mode 'ray'; "
+        "using the object store"
+    ]

@@ -1,0 +1,122 @@
+"""Transports: how a method's large tensor results travel to another group (issue 11, item 3).
+
+`@remote_function(..., transport=...)` names one: `auto` (the default), `object_store` (the
+backend's own path: Ray's object store, torchrun's process memory), or a transport registered by
+a plugin (device-direct paths such as Ray Direct Transport's `nccl`/`gloo`/`cuda_ipc`/`nixl`, or a
+torch.distributed path over a collective group twinkle creates). A `Transport` says which
+devices it serves and from what size it pays; `choose_transport` applies the `auto` rule:
+
+- payloads under `AUTO_MIN_BYTES` (about 1 MB) stay on the object store, where a device-direct
+  transfer is slower than the store's inline path;
+- a larger payload on a device uses the first registered transport serving that device and
+  backend;
+- otherwise the object store, with one log line per (method, reason): `auto` never fails where
+  the object store would have worked.
+
+Only the selection lives in core; backends carry the payload.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Any, ClassVar
+
+from .errors import ConfigurationError
+
+log = logging.getLogger("twinkle")
+
+AUTO = "auto"
+OBJECT_STORE = "object_store"
+#: Names every backend understands.
+BUILTIN_TRANSPORTS = (AUTO, OBJECT_STORE)
+#: Below this many bytes `auto` keeps a payload on the object store.
+AUTO_MIN_BYTES = 1 << 20
+
+
+class Transport:
+    """A way to move tensors between workers, registered by name by a plugin.
+
+    Class attributes describe it so the driver can choose without importing torch or ray.
+    """
+
+    #: Device types it moves tensors of, e.g. ("cuda",) for nccl, ("cpu",) for gloo.
+    device_types: ClassVar[tuple[str, ...]] = ()
+    #: Backends (`initialize(mode=...)`) that can carry it, e.g. ("ray",).
+    modes: ClassVar[tuple[str, ...]] = ()
+    #: Payloads smaller than this go to the object store under `auto`.
+    min_bytes: ClassVar[int] = AUTO_MIN_BYTES
+
+    @classmethod
+    def is_available(cls) -> bool:
+        """Whether its library is installed here; never raises."""
+        return True
+
+    @classmethod
+    def serves(cls, device_type: str, mode: str) -> bool:
+        return device_type in cls.device_types and mode in cls.modes
+
+
+def check_transport(value: Any, argument: str = "remote_function(transport=...)") -> str:
+    """`value` as a transport name; a clear error for anything but a non-empty string."""
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigurationError(
+            f"{argument} must be {AUTO!r}, {OBJECT_STORE!r} or the name of a registered "
+            f"transport, got {value!r}"
+        )
+    return value
+
+
+def check_known(value: str, registered: Iterable[str], argument: str) -> str:
+    """`value` must be built in or registered; the error lists what is."""
+    names = set(registered)
+    if value in BUILTIN_TRANSPORTS or value in names:
+        return value
+    known = ", ".join(repr(n) for n in (*BUILTIN_TRANSPORTS, *sorted(names)))
+    raise ConfigurationError(
+        f"{argument}: no transport named {value!r} is registered (known: {known}); install the "
+        "plugin that provides it, or use 'auto'"
+    )
+
+
+_logged: set[tuple[str, str]] = set()
+
+
+def choose_transport(
+    requested: str,
+    nbytes: int,
+    device_type: str,
+    mode: str,
+    registered: dict[str, type[Transport]],
+    *,
+    method: str = "",
+) -> str:
+    """The transport a result of `nbytes` bytes on `device_type` takes in `mode`.
+
+    `requested` is the method's `transport=`; a named transport that cannot carry this payload
+    falls back to the object store like `auto` does (with one log line), since the object store
+    always works.
+    """
+    if requested == OBJECT_STORE:
+        return OBJECT_STORE
+    if requested != AUTO:
+        cls = registered.get(requested)
+        if cls is not None and cls.serves(device_type, mode) and cls.is_available():
+            return requested
+        _note(method, f"transport {requested!r} cannot move {device_type} tensors in mode {mode!r}")
+        return OBJECT_STORE
+    if nbytes < AUTO_MIN_BYTES:
+        return OBJECT_STORE
+    for name, cls in registered.items():
+        if nbytes >= cls.min_bytes and cls.serves(device_type, mode) and cls.is_available():
+            return name
+    if device_type != "cpu":
+        _note(method, f"no device-direct transport for {device_type} in mode {mode!r}")
+    return OBJECT_STORE
+
+
+def _note(method: str, reason: str) -> None:
+    key = (method, reason)
+    if key not in _logged:
+        _logged.add(key)
+        log.info("twinkle: %s: %s; using the object store", method or "a call", reason)
