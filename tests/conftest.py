@@ -4,12 +4,22 @@
   names it (hardware-only tests). A module skipped at import time fails its collection.
 - Hypothesis runs the "ci" profile when CI is set: no deadline (shared, noisy machines),
   derandomized (the same examples every run) and failing examples printed as reproduce blobs.
+- Every Ray cluster the tests start (and every process they start) uses token authentication
+  with one token for the session, kept in a private folder (0700, the file 0600) and removed at
+  exit: Ray stays authenticated (loopback ports are open to every user of the machine), prints
+  no "Token authentication is enabled" notice, and writes no world-readable ~/.ray/auth_token.
+  Settings already made (RAY_AUTH_MODE, RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH) are kept.
+  See "Token authentication" in docs/ray.md.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
+import secrets
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -20,6 +30,23 @@ from skip_allowlist import allowed_reason
 sys.path.pop(0)
 
 _TRUE = {"1", "true", "yes", "on"}
+RAY_AUTH_VARS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
+
+
+def _private_ray_token() -> None:
+    """Token authentication for the session's Ray clusters, with a token only this user reads."""
+    if any(var in os.environ for var in RAY_AUTH_VARS):
+        return
+    folder = tempfile.mkdtemp(prefix="tw-auth-")  # mode 0700
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    path = os.path.join(folder, "auth_token")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as token:
+        token.write(secrets.token_hex(32))  # as `ray get-auth-token --generate` makes one
+    os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=path)
+
+
+_private_ray_token()
 
 try:
     from hypothesis import settings

@@ -8,6 +8,9 @@ usable by the other modules.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import textwrap
 
 from _support.jobs import run_reporting_script
@@ -68,3 +71,47 @@ def test_embedded_cluster_starts_scrubbed_and_stops_repeatably(tmp_path):
         assert item["addresses"] == ["127.0.0.1"]  # loopback only
         # Disconnected, temp dir removed, the driver's own environment intact.
         assert item["after"] == [False, False, "s3cret"]
+
+
+AUTH_SCRIPT = textwrap.dedent(
+    """
+    import json, os
+    import ray
+    from twinkle_core import DeviceGroup, initialize, remote_class, remote_function, shutdown
+
+    @remote_class()
+    class Env:
+        @remote_function(dispatch="all", collect="first")
+        def auth(self):
+            return os.environ.get("RAY_AUTH_MODE")
+
+    initialize(mode="ray", groups=[DeviceGroup("g", 1, "cpu")])
+    report = {"worker_mode": Env(remote_group="g").auth()()}
+    shutdown()
+    print("REPORT " + json.dumps(report), flush=True)
+    """
+)
+
+
+def test_embedded_cluster_is_authenticated_quietly_without_a_token_in_home(tmp_path):
+    """The session's private token (tests/conftest.py, docs/ray.md "Token authentication"):
+    the cluster runs in token mode, Ray prints no notice and writes nothing under ~/.ray."""
+    home = tmp_path / "home"
+    home.mkdir()
+    token_path = os.environ["RAY_AUTH_TOKEN_PATH"]
+    assert os.stat(token_path).st_mode & 0o777 == 0o600
+    assert os.stat(os.path.dirname(token_path)).st_mode & 0o777 == 0o700
+    script = tmp_path / "auth.py"
+    script.write_text(AUTH_SCRIPT)
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    proc = subprocess.run(
+        [sys.executable, str(script)],
+        env=dict(env, HOME=str(home)),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert 'REPORT {"worker_mode": "token"}' in proc.stdout
+    assert "Token authentication is enabled" not in proc.stdout + proc.stderr
+    assert not (home / ".ray").exists()
