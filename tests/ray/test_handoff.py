@@ -26,6 +26,7 @@ from twinkle_core import (
     remote_function,
     shutdown,
 )
+from twinkle_core.dispatch import FunctionDispatcher, SliceDPDispatcher
 from twinkle_ray.transfer import (
     STORE_BYTES,
     RemoteArray,
@@ -256,6 +257,13 @@ def test_placeholders_mirror_the_structure_and_fetch_each_result_once(cluster):
         total = workers.resolve_argument(maker.scalar(4))
         workers._local.placeholders = False
         assert isinstance(total, RemoteCollected) and materialize(total) == 4.5
+        # A custom dispatcher (when core names it) gets the collected value, not stand-ins.
+        custom = FunctionDispatcher(lambda args, kwargs, n, mesh: [(args, kwargs)] * n)
+        whole = workers.resolve_argument(maker.weights(SMALL), dispatcher=custom)
+        assert isinstance(whole["w"], torch.Tensor) and whole["step"] == 3
+        builtin = workers.resolve_argument(maker.weights(SMALL), dispatcher=SliceDPDispatcher())
+        workers._local.placeholders = False
+        assert isinstance(builtin["w"], RemoteArray)
         # User code collecting it afterwards still gets the whole value.
         assert lazy()["step"] == 3
     finally:

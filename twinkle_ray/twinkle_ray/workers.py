@@ -27,6 +27,7 @@ import ray.exceptions as rex
 
 from twinkle_core import CallTimeoutError, DeviceGroup, DeviceMesh, LazyCollect, WorkerDiedError
 from twinkle_core.plugin import (
+    BUILTIN_DISPATCHERS,
     CompletedCall,
     ConcatCollector,
     FirstCollector,
@@ -651,7 +652,7 @@ class RayWorkerGroup(WorkerGroup):
         ]
 
     # ------------------------------------------------------------------ chaining
-    def resolve_argument(self, value: LazyCollect) -> Any:
+    def resolve_argument(self, value: LazyCollect, dispatcher: Any = None) -> Any:
         """Hand a producer's results to this group's workers without fetching them here.
 
         For every built-in collector, the argument becomes a placeholder built from the
@@ -660,11 +661,15 @@ class RayWorkerGroup(WorkerGroup):
         results, which dispatchers walk and slice like the real value; each consumer worker
         then fetches only the producer results its share needs, straight from the object
         store. Otherwise (custom collectors, dict subclasses, very large structures) the
-        value is collected on the driver as usual.
+        value is collected on the driver as usual, and so it is for a custom `dispatcher`
+        when core says which one the call uses (a user's dispatcher may look inside the
+        value, where a stand-in only offers `len`, `shape` and slicing).
         """
         source = getattr(value, "source", None)
         pending = getattr(source, "pending", None)
         if value.resolved or not isinstance(pending, RayPendingCall):
+            return value()
+        if dispatcher is not None and type(dispatcher) not in _PLACEHOLDER_DISPATCHERS:
             return value()
         try:
             replies = pending.wait_replies(None)
@@ -677,6 +682,11 @@ class RayWorkerGroup(WorkerGroup):
             return value()
         self._local.placeholders = True
         return placeholder
+
+
+#: Dispatchers known to treat a stand-in exactly like the value (dicts, lists and tuples
+#: walked or split, arrays only measured and sliced along dim 0).
+_PLACEHOLDER_DISPATCHERS = tuple(type(d) for d in BUILTIN_DISPATCHERS.values())
 
 
 class _Fallback(Exception):
