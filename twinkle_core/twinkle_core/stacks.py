@@ -88,7 +88,7 @@ def render(entries: list[tuple[str, str]], title: str = "") -> str:
     for who, stack in group_stacks(entries):
         count = f"{len(who)} x " if len(who) > 1 else ""
         lines.append(f"--- {count}{'; '.join(who)}")
-        lines.append(stack if stack else "  (no Python frames)")
+        lines.append(stack if stack else "  (idle: no call running)")
     return "\n".join(lines)
 
 

@@ -1,0 +1,142 @@
+"""The call timeline and stack dumps on Ray: actors record, the driver merges and writes."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+
+import pytest
+import ray.cloudpickle
+
+import twinkle_core
+from twinkle_core import (
+    CallTimeoutError,
+    DeviceGroup,
+    initialize,
+    remote_class,
+    remote_function,
+    shutdown,
+)
+
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+SLEEP = 0.3
+
+
+@remote_class()
+class Learner:
+    @remote_function(dispatch="all", collect="none")
+    def train(self, n):
+        time.sleep(SLEEP)
+        return n
+
+
+@remote_class()
+class Sampler:
+    @remote_function(dispatch="all", collect="none")
+    def sample(self, n, pause=SLEEP):
+        time.sleep(pause)
+        return n
+
+    @remote_function(dispatch="all", collect="none", timeout=3)
+    def stuck(self):
+        time.sleep(60)  # the sampler hangs here
+
+
+@pytest.fixture(scope="module")
+def traced(cluster, tmp_path_factory):
+    path = tmp_path_factory.mktemp("ray-trace") / "run.json"
+    initialize(
+        "ray",
+        address=cluster.address,
+        groups=[DeviceGroup("learn", 2, "cpu"), DeviceGroup("sample", 2, "cpu")],
+        trace=str(path),
+        name="trace-test",
+    )
+    learner = Learner(remote_group="learn")
+    sampler = Sampler(remote_group="sample")
+    for i in range(2):
+        a, b = learner.train(i), sampler.sample(i)  # both groups at once
+        assert a() == [i, i] and b() == [i, i]
+    dumped = _dump_while_stuck(sampler)
+    with pytest.raises(CallTimeoutError) as info:
+        sampler.stuck()()
+    shutdown()
+    return json.loads(path.read_text()), dumped, info.value
+
+
+def _dump_while_stuck(sampler):
+    """twinkle_core.dump_stacks() while the sampler's actors run a method."""
+    out = {}
+
+    def dump():
+        time.sleep(1.0)
+        out["text"] = twinkle_core.dump_stacks(file=open("/dev/null", "w"))
+
+    thread = threading.Thread(target=dump)
+    thread.start()
+    assert sampler.sample(9, pause=4.0)() == [9, 9]
+    thread.join()
+    return out["text"]
+
+
+def test_two_groups_overlap_on_their_own_tracks(traced):
+    data, _, _ = traced
+    events = data["traceEvents"]
+    processes = {
+        e["pid"]: e["args"]["name"]
+        for e in events
+        if e["ph"] == "M" and e["name"] == "process_name"
+    }
+    assert {"driver", "group learn", "group sample"} <= set(processes.values())
+    pid_of = {v: k for k, v in processes.items()}
+    runs = [
+        e for e in events if e["ph"] == "X" and e["name"] in ("Learner.train", "Sampler.sample")
+    ]
+    assert len(runs) == 2 * 2 * 2 + 2  # two rounds on 2 x 2 actors, and the dump's round
+    for e in runs:
+        group = e["args"]["group"]
+        assert e["pid"] == pid_of[f"group {group}"] and e["tid"] == e["args"]["rank"]
+        assert e["dur"] >= SLEEP * 1e6 * 0.9 and e["args"]["node"]
+        assert e["args"]["driver"] == "driver" and isinstance(e["args"]["call"], int)
+    # Each round's calls ran at the same time on both groups: their executions overlap.
+    for i in range(2):
+        learn = [e for e in runs if e["name"] == "Learner.train" and e["args"]["call"] == 2 * i + 1]
+        sample = [
+            e for e in runs if e["name"] == "Sampler.sample" and e["args"]["call"] == 2 * i + 2
+        ]
+        assert len(learn) == len(sample) == 2
+        start = max(e["ts"] for e in learn + sample)
+        end = min(e["ts"] + e["dur"] for e in learn + sample)
+        assert end - start > SLEEP * 1e6 * 0.3, (learn, sample)
+    # The driver's dispatch, its wait, and flow arrows to every execution.
+    driver = [e for e in events if e["ph"] == "X" and e["pid"] == pid_of["driver"]]
+    assert {"dispatch Learner.train", "wait Learner.train", "dispatch Sampler.sample"} <= {
+        e["name"] for e in driver
+    }
+    flows = {e["id"]: e for e in events if e["ph"] == "s"}
+    ends = [e for e in events if e["ph"] == "f"]
+    assert len(ends) >= len(runs)
+    assert all(flows[e["id"]]["pid"] == pid_of["driver"] for e in ends)
+    dispatch_ts = {e["args"]["call"]: e["ts"] for e in driver if e["cat"] == "dispatch"}
+    for e in runs:  # an execution starts after its call was dispatched (clocks aligned)
+        assert e["ts"] >= dispatch_ts[e["args"]["call"]] - 1000
+    assert len(data["otherData"]["clock_offsets_ns"]) == 4  # one per actor
+
+
+def test_dump_stacks_names_the_line_a_busy_actor_is_on(traced):
+    _, dumped, _ = traced
+    assert "group 'sample' rank 0 (Sampler); group 'sample' rank 1 (Sampler)" in dumped, dumped
+    assert "in sample" in dumped and "time.sleep(pause)" in dumped
+    # The idle learners say so instead of showing Ray's task loop.
+    assert "group 'learn' rank 1 (Learner)\n  (idle: no call running)" in dumped
+
+
+def test_call_timeout_carries_every_workers_stack(traced):
+    _, _, error = traced
+    notes = "\n".join(getattr(error, "__notes__", []))
+    assert "twinkle: stacks when the call timed out" in notes
+    assert "2 x group 'sample' rank 0 (Sampler); group 'sample' rank 1 (Sampler)" in notes
+    assert "time.sleep(60)  # the sampler hangs here" in notes
