@@ -161,6 +161,11 @@ def test_a_placeholder_dispatches_and_fetches_like_the_collected_value(
     got = dispatcher.dispatch((placeholder,), {}, 2, consumers)
     for (w_args, _), (g_args, _) in zip(want, got, strict=True):
         assert _plain(_replace(g_args[0], fetched)) == _plain(w_args[0])
+    # Knowing the dispatcher (dispatch='all' needs no structure) changes nothing either.
+    named = build_placeholder(collector, mesh, refs, results, dispatcher)
+    got = dispatcher.dispatch((named,), {}, 2, consumers)
+    for (w_args, _), (g_args, _) in zip(want, got, strict=True):
+        assert _plain(_replace(g_args[0], fetched)) == _plain(w_args[0])
 
 
 def test_large_received_tensors_share_the_buffer_and_small_ones_are_copies():

@@ -162,7 +162,7 @@ def reset_tensor_serializer() -> None:
 Tree = tuple
 
 #: At most this many nodes are described per result (beyond, it is collected on the driver).
-TREE_NODES = 4096
+TREE_NODES = 65536
 
 #: A list of more plain items (numbers, strings) than this is collected on the driver.
 PLAIN_ITEMS = 1 << 18
@@ -376,7 +376,9 @@ class RemoteValue:
 
 class RemoteCollected:
     """A collector applied, on the consumer, to results (or items at `path` inside them) left
-    in the object store: for values dispatchers pass through whole (sum of numbers, ...)."""
+    in the object store: for values dispatchers pass through whole (sum of numbers, ...), or
+    any collected value when the call's dispatcher hands every worker the arguments whole.
+    A `None` ref is a result the collector does not look at (never fetched)."""
 
     __slots__ = ("collector", "mesh", "path", "refs_")
 
@@ -387,11 +389,11 @@ class RemoteCollected:
         self.path = path
 
     def refs(self) -> list:
-        return list(self.refs_)
+        return [r for r in self.refs_ if r is not None]
 
     def fetch(self, fetched: dict | None = None) -> Any:
         fetched = fetched if fetched is not None else _fetch_map(self.refs())
-        values = [_at(fetched[r], self.path) for r in self.refs_]
+        values = [None if r is None else _at(fetched[r], self.path) for r in self.refs_]
         return self.collector.collect(values, self.mesh)
 
     def __reduce__(self):

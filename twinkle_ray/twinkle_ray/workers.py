@@ -676,7 +676,7 @@ class RayWorkerGroup(WorkerGroup):
         except (WorkersFailedError, CallTimeoutError):
             return value()  # raises the producer's failure, tagged with its call site
         placeholder = build_placeholder(
-            source.collector, source.device_mesh, pending.value_refs, replies
+            source.collector, source.device_mesh, pending.value_refs, replies, dispatcher
         )
         if placeholder is None:
             return value()
@@ -687,6 +687,7 @@ class RayWorkerGroup(WorkerGroup):
 #: Dispatchers known to treat a stand-in exactly like the value (dicts, lists and tuples
 #: walked or split, arrays only measured and sliced along dim 0).
 _PLACEHOLDER_DISPATCHERS = tuple(type(d) for d in BUILTIN_DISPATCHERS.values())
+_ALL = type(BUILTIN_DISPATCHERS["all"])
 
 
 class _Fallback(Exception):
@@ -697,6 +698,7 @@ class _Fallback(Exception):
 #: collect differently).
 _STRUCTURAL = (NoneCollector, FirstCollector, LastPPCollector, FlattenCollector)
 _REDUCING = (SumCollector, MeanCollector)
+_SELECTING = (NoneCollector, FirstCollector, LastPPCollector)
 
 
 def used_results(collector: Any, mesh: DeviceMesh, n: int) -> list[int]:
@@ -716,12 +718,17 @@ def used_results(collector: Any, mesh: DeviceMesh, n: int) -> list[int]:
 
 
 def build_placeholder(
-    collector: Any, mesh: DeviceMesh, refs: list[ray.ObjectRef], replies: list[Any]
+    collector: Any,
+    mesh: DeviceMesh,
+    refs: list[ray.ObjectRef],
+    replies: list[Any],
+    dispatcher: Any = None,
 ) -> Any | None:
     """A stand-in for `collector.collect(results, mesh)` that dispatchers treat the same way:
     the collected value's dicts, lists and tuples are real, its arrays are `RemoteArray`s
     (sliceable along dim 0) and other leaves `RemoteValue`s, over the producer's results in the
     object store (`refs`: the replies' refs; `replies`: what they hold, envelopes unopened).
+    With `dispatch='all'` (when the caller names it) one `RemoteCollected` does: nobody slices.
     None when no placeholder can stand for it (a custom collector, an unusual structure, or
     values the collector could not combine): the driver collects it then, and raises what the
     collector raises."""
@@ -731,6 +738,14 @@ def build_placeholder(
     if not replies:
         return None
     used = used_results(collector, mesh, len(replies))
+    if type(dispatcher) is _ALL and kind in _SELECTING:
+        # Every consumer gets the whole value: collect it on the consumer, whatever its shape
+        # (these collectors only pick results, so they cannot fail there instead of here).
+        slots: list[Any] = [None] * len(replies)
+        for i in used:
+            reply = replies[i]
+            slots[i] = reply.ref if type(reply) is Stored else refs[i]
+        return RemoteCollected(slots, collector, mesh)
     mirrors: list[Any] = [None] * len(replies)
     for i in used:
         reply = replies[i]
