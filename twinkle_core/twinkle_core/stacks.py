@@ -15,6 +15,7 @@ which answers even while the actor runs a method.
 from __future__ import annotations
 
 import logging
+import re
 import signal
 import sys
 import threading
@@ -79,7 +80,13 @@ def group_stacks(entries: list[tuple[str, str]]) -> list[tuple[list[str], str]]:
     by_stack: dict[str, list[str]] = {}
     for who, stack in entries:
         by_stack.setdefault(stack, []).append(who)
-    return sorted(((w, s) for s, w in by_stack.items()), key=lambda ws: (-len(ws[0]), ws[0]))
+    grouped = [(sorted(w, key=_natural), s) for s, w in by_stack.items()]
+    return sorted(grouped, key=lambda ws: (-len(ws[0]), [_natural(w) for w in ws[0]]))
+
+
+def _natural(text: str) -> list[Any]:
+    """Sort key putting 'rank 2' before 'rank 10'."""
+    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", text)]
 
 
 def render(entries: list[tuple[str, str]], title: str = "") -> str:
@@ -103,7 +110,7 @@ def collect(
 
     entries: list[tuple[str, str]] = []
     if include_driver:
-        entries += [(f"driver: {name}", stack) for name, stack in thread_stacks()]
+        entries += [(f"driver: {name}", s) for name, s in thread_stacks(skip_current=False)]
     runtime = current_runtime_or_none()
     backend = runtime.backend if runtime is not None else None
     if backend is not None:
