@@ -15,9 +15,10 @@ The same file runs in every mode; only `--mode` changes:
     torchrun --standalone --nproc_per_node=2 examples/rl_pipeline.py --mode local
     python examples/rl_pipeline.py --mode ray
 
-`--sync driver` moves the weights through the driver instead (`get_weights` then
-`load_weights`), and `--ballast-mib N` adds N MiB of extra weights to both nets (synced, unused),
-to measure the two paths (docs/data.md).
+`--sync handoff` moves the weights with `sampler.load_weights(policy.get_weights())` instead (a
+LazyCollect hand-off: worker to worker through the object store on Ray, exchanged among the
+processes under torchrun), and `--ballast-mib N` adds N MiB of extra weights to both nets (synced,
+unused), to measure the two paths (docs/data.md).
 """
 
 from __future__ import annotations
@@ -174,9 +175,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--out", default=None, help="write the per-step table here as JSON")
     parser.add_argument(
         "--sync",
-        choices=("collective", "driver"),
+        choices=("collective", "handoff"),
         default="collective",
-        help="how weights reach the sampler: a collective group, or through the driver",
+        help="how weights reach the sampler: a collective group, or a LazyCollect hand-off",
     )
     parser.add_argument("--ballast-mib", type=int, default=0, help="extra MiB of weights")
     args = parser.parse_args(argv)
