@@ -50,6 +50,8 @@ LIMITS: dict[str, float] = {
     "8a": 29.0,  # 9.64
     "8b": 29.5,  # 9.78
     "9": 6.0,  # 2.00
+    "13a": 3.0,  # 1.00 (trace off; measured 2026-12-01, one run)
+    "13b": 3.3,  # 1.09 (trace on)
 }
 
 

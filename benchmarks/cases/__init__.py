@@ -20,4 +20,5 @@ MODULES = (
     "ray_overlap",
     "ray_tensor",
     "ray_handoff",
+    "trace_overhead",
 )
