@@ -186,3 +186,28 @@ def test_large_received_tensors_share_the_buffer_and_small_ones_are_copies():
     writable = np.arange(4, dtype=np.float32).view(np.uint8)
     t = tensor_from_numpy((writable, "float32", (4,), "cpu", False))
     assert t.data_ptr() == writable.ctypes.data  # a writable buffer needs no copy either
+
+
+def test_an_in_place_write_into_a_received_view_is_reported_once_per_method():
+    from twinkle_ray.transfer import ZERO_COPY_BYTES, WriteGuard, tensor_from_numpy, transfer_guard
+
+    guard = WriteGuard()
+    with transfer_guard(guard):
+        data = np.zeros(ZERO_COPY_BYTES, dtype=np.uint8)
+        data.flags.writeable = False
+        small = np.zeros(16, dtype=np.uint8)
+        small.flags.writeable = False
+        big = tensor_from_numpy((data, "float32", (ZERO_COPY_BYTES // 4,), "cpu", False))
+        tensor_from_numpy((small, "float32", (4,), "cpu", False))  # a private copy
+    seen = guard.start()
+    assert [t for t, _ in seen] == [big]  # only the shared view is watched
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        guard.finish(seen, "Model.read")  # reading is fine
+    big[:8].add_(1)  # a write through a view of it counts too
+    with pytest.warns(RuntimeWarning, match="Model.write wrote in place"):
+        guard.finish(seen, "Model.write")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        guard.finish([(big, 0)], "Model.write")  # once per method
+    assert guard.start() == []  # drained

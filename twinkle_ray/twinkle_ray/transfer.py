@@ -20,9 +20,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 import warnings
+import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,13 +86,17 @@ def tensor_from_numpy(packed: tuple) -> Any:
         else:
             buf = shared_view(data)
         out = buf.view(dtype).reshape(shape)
+    shared = bool(data.size) and not data.flags.writeable and data.nbytes >= ZERO_COPY_BYTES
     if device != "cpu":
         try:
             out = out.to(device)
+            shared = False
         except Exception:  # the receiver has no such device: keep it on the CPU
             pass
     if requires_grad and out.is_floating_point():
         out.requires_grad_(True)
+    if shared and _guard.on:
+        _guard.received.append(weakref.ref(out))
     return out
 
 
@@ -105,6 +112,61 @@ def shared_view(data: np.ndarray) -> Any:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=_NOT_WRITABLE, category=UserWarning)
         return torch.from_numpy(data)
+
+
+class WriteGuard:
+    """Notices a method writing in place into a tensor it received as a view of the object
+    store (against the rule in docs/ray.md, "Tensors and writability").
+
+    Received views are remembered (weakly) as they are deserialized; around each method call
+    an actor compares their version counters (torch bumps a tensor's counter, shared with its
+    views, on every in-place write) and warns once per method. Only actors turn it on.
+    """
+
+    def __init__(self) -> None:
+        self.on = False
+        self.received: list[weakref.ref] = []
+        self.warned: set[str] = set()
+
+    def start(self) -> list[tuple[Any, int]]:
+        """The views received since the last call (arguments of the one about to run)."""
+        if not self.received:
+            return []
+        refs, self.received = self.received, []
+        live = [r() for r in refs]
+        return [(t, t._version) for t in live if t is not None]
+
+    def finish(self, seen: list[tuple[Any, int]], where: str) -> None:
+        written = [t for t, version in seen if t._version != version]
+        if not written or where in self.warned:
+            return
+        self.warned.add(where)
+        mib = sum(t.numel() * t.element_size() for t in written) / 2**20
+        warnings.warn(
+            f"twinkle: {where} wrote in place into {len(written)} tensor argument(s) "
+            f"({mib:.1f} MiB) received as zero-copy views of Ray's object store: other "
+            "readers of the same object on this node (other consumers of the same result) "
+            "see the change. Copy what you write first (t = t.clone(), or copy_ into your own "
+            "tensors); see 'Tensors and writability' in docs/ray.md",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+
+
+#: This process's guard; `TwinkleActor` turns it on (a driver never drains it).
+WRITE_GUARD = _guard = WriteGuard()
+
+
+@contextlib.contextmanager
+def transfer_guard(guard: WriteGuard) -> Iterator[WriteGuard]:
+    """Let `guard` (turned on) watch the tensors received in the block (for tests)."""
+    global _guard
+    previous, _guard = _guard, guard
+    guard.on = True
+    try:
+        yield guard
+    finally:
+        _guard = previous
 
 
 def writable_copies(value: Any) -> Any:
