@@ -461,6 +461,11 @@ class RayWorkerGroup(WorkerGroup):
         self.restarts = 0
         self.torn_down: str | None = None
         self._local = threading.local()
+        #: Held while one call's tasks are handed to Ray, so that every rank receives the
+        #: calls of this process in the same order (Ray keeps each caller's order per actor):
+        #: two driver threads calling at once must not run as call A then B on rank 0 and B
+        #: then A on rank 1, which would pair mismatched results and deadlock collectives.
+        self._send_lock = threading.Lock()
         self._methods: dict[tuple[int, str], Any] = {}
         #: Calls of this group whose workers all finished, not yet fetched (weak references,
         #: appended by completion callbacks): fetched together by `fetch_finished`.
@@ -479,6 +484,7 @@ class RayWorkerGroup(WorkerGroup):
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state.pop("_local", None)
+        state.pop("_send_lock", None)
         state.pop("finished", None)
         state["_methods"] = {}
         state["restarter"] = None
@@ -487,6 +493,7 @@ class RayWorkerGroup(WorkerGroup):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._local = threading.local()
+        self._send_lock = threading.Lock()
         self.finished = collections.deque()
 
     #: At most this many finished calls are fetched by one `ray.get`.
@@ -639,17 +646,18 @@ class RayWorkerGroup(WorkerGroup):
         """One actor task per call: the method under its own name with exactly the user's
         arguments, or (arguments holding remote placeholders, reserved names) by name."""
         shipped = ship_all(calls)
-        if not has_remote and method in self.direct:
+        with self._send_lock:  # submitting only: never waits on a worker
+            if not has_remote and method in self.direct:
+                return [
+                    self.actor_method(call.rank, method).remote(*args, **kwargs)
+                    for call, (args, kwargs) in zip(calls, shipped, strict=True)
+                ]
             return [
-                self.actor_method(call.rank, method).remote(*args, **kwargs)
+                self.actor_method(call.rank, f"{RESERVED_PREFIX}call").remote(
+                    method, has_remote, *args, **kwargs
+                )
                 for call, (args, kwargs) in zip(calls, shipped, strict=True)
             ]
-        return [
-            self.actor_method(call.rank, f"{RESERVED_PREFIX}call").remote(
-                method, has_remote, *args, **kwargs
-            )
-            for call, (args, kwargs) in zip(calls, shipped, strict=True)
-        ]
 
     # ------------------------------------------------------------------ chaining
     def resolve_argument(self, value: LazyCollect, dispatcher: Any = None) -> Any:
