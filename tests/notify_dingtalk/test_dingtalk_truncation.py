@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -12,6 +13,19 @@ import twinkle_core
 from twinkle_core import DeviceGroup, remote_class, remote_function
 from twinkle_notify_dingtalk import DINGTALK_MAX_BODY_BYTES, MAX_BODY_BYTES, DingTalkNotifier
 from twinkle_notify_dingtalk.truncate import cut_middle, fit_text, json_cost
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _no_alert_thread_still_sending():
+    """Hypothesis reports any change of the global `random` state while it draws examples as a
+    HypothesisDeprecationWarning ("Do not use the `random` module inside strategies"). An alert
+    thread that an earlier test's bounded shutdown left behind may still be retrying, and the
+    notifier's back-off jitter draws from `random`: wait for such threads before drawing."""
+    for thread in threading.enumerate():
+        if thread.name == "twinkle-alerts":
+            thread.join(60)
+            assert not thread.is_alive(), "an alert thread of an earlier test is still sending"
+
 
 lines = st.one_of(
     st.text(max_size=60),
