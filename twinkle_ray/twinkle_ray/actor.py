@@ -32,7 +32,13 @@ from twinkle_core.plugin import (
 )
 
 from . import tracing as _tracing
-from .transfer import materialize, pack_result, register_tensor_serializer, writable_copies
+from .transfer import (
+    WRITE_GUARD,
+    materialize,
+    pack_result,
+    register_tensor_serializer,
+    writable_copies,
+)
 
 #: Prefix of twinkle's own actor methods; user methods with it go through `_tw_call`.
 RESERVED_PREFIX = "_tw_"
@@ -71,6 +77,7 @@ class TwinkleActor:
         self._tw_boot = boot
         self._tw_instance: Any = None
         self._tw_refused: BaseException | None = None  # why `_tw_hello` failed, if it did
+        WRITE_GUARD.on = True  # notice in-place writes into received object-store views
         _tracing.start_actor(boot.group, boot.class_name, boot.rank)  # trace, stack probe
 
     def _tw_hello(self) -> dict[str, Any]:
@@ -152,6 +159,7 @@ class TwinkleActor:
 
     def _tw_run(self, method: str, args: tuple, kwargs: dict) -> Any:
         """Run one method of the user's object; its result, large ones as a `Stored` envelope."""
+        seen = WRITE_GUARD.start()  # large tensors received as object-store views
         if _writable_args(type(self._tw_instance), method):
             args, kwargs = writable_copies((args, kwargs))
         rec = _tracing.tracing.RECORDER  # None unless the driver traces (tracing.py)
@@ -164,6 +172,8 @@ class TwinkleActor:
             if rec is not None:
                 boot = self._tw_boot
                 _tracing.record(rec, boot.group, boot.class_name, boot.rank, method, start)
+        if seen:
+            WRITE_GUARD.finish(seen, f"{self._tw_boot.class_name}.{method}")
         if not _tensors_registered:
             self._maybe_register_tensors()
         return pack_result(value)
