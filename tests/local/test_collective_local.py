@@ -64,3 +64,46 @@ def test_one_member_per_process_gets_a_real_process_group(ranks):
 def test_names_are_unique_and_groups_end_with_the_run(ranks):
     assert "named 'sync' already exists" in ranks[0]["twice"]
     assert all(r["destroyed"] is False for r in ranks)
+
+
+@pytest.mark.usefixtures("single_process")
+def test_a_one_process_job_holds_every_member():
+    """Without torchrun the world is this process: members meet in it, torch is not needed."""
+    import torch
+
+    from twinkle_core import (
+        ConfigurationError,
+        DeviceGroup,
+        collective,
+        collective_group,
+        initialize,
+        remote_class,
+        remote_function,
+        shutdown,
+    )
+
+    @remote_class()
+    class Holder:
+        def __init__(self, value: float) -> None:
+            self.w = torch.full((3,), value)
+
+        @remote_function(dispatch="all", collect="flatten")
+        def bcast(self) -> list:
+            c = collective("sync")
+            c.broadcast(self.w, src=0)
+            return [(c.rank, c.world_size, c.process_group, self.w.tolist())]
+
+        @remote_function(dispatch="all", collect="none")
+        def reduce(self) -> None:
+            collective("sync").all_reduce(self.w)
+
+    initialize("local", groups=[DeviceGroup("a", 1), DeviceGroup("b", 1)])
+    try:
+        a, b = Holder(5.0, remote_group="a"), Holder(0.0, remote_group="b")
+        collective_group("sync", [a, b])
+        assert a.bcast()() == [(0, 2, None, [5.0] * 3)]
+        assert b.bcast()() == [(1, 2, None, [5.0] * 3)]
+        with pytest.raises(ConfigurationError, match="needs every member at once"):
+            b.reduce()()
+    finally:
+        shutdown()

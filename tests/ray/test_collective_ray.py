@@ -193,6 +193,13 @@ def test_a_member_that_does_not_join_in_time_is_named(run):
     assert time.monotonic() - started < 11
     assert "Policy rank 0 (group 'slow') did not join within timeout=3s" in str(info.value)
     busy()
+    # a late member that is not the first: the others wait at the rendezvous, then leave
+    busy = slow.sleep(12)
+    with pytest.raises(CallTimeoutError) as info:
+        collective_group("late", [sampler, slow], timeout=3)
+    assert "Policy rank 0 (group 'slow') did not join within timeout=3s" in str(info.value)
+    assert "Sampler" not in str(info.value).split("did not join")[0]
+    busy()
     # the sampler still works in its other group
     got = sampler.pull("sync")
     policy.push("sync")()

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import datetime
 import logging
+import time
+import uuid
 from typing import Any
 
 import ray
@@ -125,13 +127,22 @@ class TorchCollective(Collective):
                 log.debug("twinkle: destroying collective group %r: %s", self.name, exc)
 
 
-def join(spec: CollectiveGroup, rank: int, host: str, port: int) -> bool:
-    """Run in a member actor: join the collective group as `rank` (rank 0 serves the store)."""
+def join(spec: CollectiveGroup, rank: int, host: str, port: int, arrived: str) -> bool:
+    """Run in a member actor: join the collective group as `rank` (rank 0 serves the store).
+
+    `arrived` is a key prefix in Ray's internal KV where the member notes that it started
+    joining, so the driver can tell a member that never came from one waiting for the others.
+    """
     import torch.distributed as dist
+    from ray.experimental import internal_kv
 
     ctx = get_worker_context()
     if ctx is None:
         raise RuntimeError("twinkle: joining a collective group outside a worker actor")
+    try:
+        internal_kv._internal_kv_put(f"{arrived}{rank}".encode(), b"1")
+    except Exception as exc:  # only the error message is poorer without it
+        log.debug("twinkle: could not note the arrival: %s", exc)
     delta = datetime.timedelta(seconds=spec.timeout)
     store = dist.TCPStore(
         host, port, spec.world_size, rank == 0, timeout=delta, wait_for_workers=False
@@ -173,32 +184,65 @@ def create(spec: CollectiveGroup, workers: list[Any]) -> list[Any]:
             f"timeout={spec.timeout:g}s (it serves the rendezvous and did not answer; a member "
             "busy with a long call joins only after it)"
         ) from None
+    arrived = f"twinkle:{workers[0].run_name}:collective:{spec.name}:{uuid.uuid4().hex[:8]}:"
     refs = [
-        h._tw_apply.remote(join, spec, rank, where[0], int(where[1]))
+        h._tw_apply.remote(join, spec, rank, where[0], int(where[1]), arrived)
         for rank, h in enumerate(handles)
     ]
-    _, waiting = ray.wait(refs, num_returns=len(refs), timeout=spec.timeout)
+    deadline = time.monotonic() + spec.timeout
+    waiting = list(refs)
     failed: list[str] = []
     first_error: BaseException | None = None
-    for rank, ref in enumerate(refs):
-        if ref in waiting:
-            continue
-        try:
-            ray.get(ref)
-        except Exception as exc:
-            failed.append(f"{spec.members[rank].describe()}: {type(exc).__name__}: {exc}")
-            first_error = first_error or exc
-    if not waiting and not failed:
-        return handles
-    for h in handles:  # best effort: the ones that joined leave (a dead actor is skipped)
-        h._tw_apply.remote(leave, spec.name)
-    late = [spec.members[refs.index(r)].describe() for r in waiting]
-    if late:
+    while waiting and not failed:  # the first failure ends the wait: the others cannot form
+        done, waiting = ray.wait(
+            waiting, num_returns=1, timeout=max(0.0, deadline - time.monotonic())
+        )
+        if not done:
+            break
+        for ref in done:
+            try:
+                ray.get(ref)
+            except Exception as exc:
+                member = spec.members[refs.index(ref)].describe()
+                failed.append(f"{member}: {type(exc).__name__}: {exc}")
+                first_error = first_error or exc
+    try:
+        if not waiting and not failed:
+            return handles
+        for h in handles:  # best effort: the ones that joined leave (a dead actor is skipped)
+            h._tw_apply.remote(leave, spec.name)
+        if failed:
+            raise ConfigurationError(
+                f"collective_group({spec.name!r}) failed: {'; '.join(failed)}"
+            ) from first_error
+        ranks = [refs.index(r) for r in waiting]
+        came = _arrived(arrived, ranks)
+        late = [spec.members[r].describe() for r in ranks if r not in came] or [
+            spec.members[r].describe() for r in ranks
+        ]
         raise CallTimeoutError(
             f"collective_group({spec.name!r}): {', '.join(late)} did not join within "
             f"timeout={spec.timeout:g}s (rendezvous at {where[0]}:{where[1]}; a member busy "
-            "with a long call joins only after it)" + ("; " + "; ".join(failed) if failed else "")
+            "with a long call joins only after it)"
         )
-    raise ConfigurationError(
-        f"collective_group({spec.name!r}) failed: {'; '.join(failed)}"
-    ) from first_error
+    finally:
+        _forget(arrived)
+
+
+def _arrived(prefix: str, ranks: list[int]) -> set[int]:
+    """The members among `ranks` that noted their arrival (empty when the KV is unreachable)."""
+    from ray.experimental import internal_kv
+
+    try:
+        return {r for r in ranks if internal_kv._internal_kv_exists(f"{prefix}{r}".encode())}
+    except Exception:
+        return set()
+
+
+def _forget(prefix: str) -> None:
+    from ray.experimental import internal_kv
+
+    try:
+        internal_kv._internal_kv_del(prefix.encode(), del_by_prefix=True)
+    except Exception:
+        pass
