@@ -268,3 +268,48 @@ def test_placeholders_mirror_the_structure_and_fetch_each_result_once(cluster):
         assert lazy()["step"] == 3
     finally:
         shutdown()
+
+
+@remote_class()
+class Writer:
+    """Keeps the warnings its worker shows, to report them on the next call."""
+
+    def __init__(self) -> None:
+        import warnings
+
+        self.shown: list[str] = []
+        warnings.showwarning = lambda message, *args, **kwargs: self.shown.append(str(message))
+
+    @remote_function(dispatch="all", collect="none")
+    def scale(self, weights):
+        w = weights["w"]
+        w.mul_(2)  # against the rule: w is a view of the object store
+        return float(w[1, 1])
+
+    @remote_function(dispatch="all", collect="none")
+    def shown_warnings(self):
+        return [m for m in self.shown if "wrote in place" in m]
+
+
+def test_a_method_writing_into_a_received_view_is_warned_about(cluster):
+    """A tensor of 1 MiB or more handed over from another group is a zero-copy view of the
+    stored result; writing into it in place is reported in the worker once per method."""
+    initialize(
+        "ray",
+        address=cluster.address,
+        groups=[DeviceGroup("prod", 1, "cpu"), DeviceGroup("cons", 2, "cpu")],
+        name="handoff-write-guard",
+    )
+    try:
+        maker = Maker(remote_group="prod")
+        writer = Writer(remote_group="cons")
+        rows = (1 << 20) // 16 + 16  # w is (rows, 4) float32: just over 1 MiB
+        for _ in range(2):
+            # Both workers read the one stored result: on one node, the one that runs second
+            # sees the first one's write (10 -> 20): the hazard the warning is about.
+            assert sorted(writer.scale(maker.weights(rows))(120)) in ([10.0, 10.0], [10.0, 20.0])
+        shown = writer.shown_warnings()(60)
+        assert [len(s) for s in shown] == [1, 1], shown  # once per method and worker
+        assert "Writer.scale wrote in place into 1 tensor argument(s) (1.0 MiB)" in shown[0][0]
+    finally:
+        shutdown()
