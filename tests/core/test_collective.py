@@ -100,6 +100,10 @@ def test_ranks_are_ordered_object_by_object():
         ("Sampler", 2),
     ]
     assert group.ranks_of(trainer) == [0, 1] and group.ranks_of(sampler) == [2, 3, 4]
+    assert repr(group) == (
+        "CollectiveGroup('sync', world_size=5, backend='gloo', mode='inprocess', "
+        "Trainer on 'train': ranks 0-1, Sampler on 'sample': ranks 2-4)"
+    )
     assert trainer.membership("sync")() == [(0, 5, "gloo", None), (1, 5, "gloo", None)]
     # the order given is the order of ranks
     reverse = collective_group("reverse", [sampler, trainer], backend="custom")

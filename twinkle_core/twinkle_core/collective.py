@@ -76,6 +76,16 @@ class CollectiveGroup:
     def world_size(self) -> int:
         return len(self.members)
 
+    def __repr__(self) -> str:
+        objects = ", ".join(
+            f"{c} on {g!r}: ranks {f}-{f + n - 1}" if n > 1 else f"{c} on {g!r}: rank {f}"
+            for c, g, f, n in self.objects
+        )
+        return (
+            f"CollectiveGroup({self.name!r}, world_size={self.world_size}, "
+            f"backend={self.backend!r}, mode={self.mode!r}, {objects})"
+        )
+
     def ranks_of(self, obj: Any) -> list[int]:
         """The group ranks of `obj`'s workers (`obj` is one of the listed remote objects)."""
         workers = _workers_of(obj, "ranks_of(obj)")
