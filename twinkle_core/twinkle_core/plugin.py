@@ -74,6 +74,7 @@ from .portable import PortableException, RemoteError, portable_exception, rebuil
 from .runtime import RuntimeConfig
 from .seeding import get_rng_state, seed_everything, set_rng_state
 from .structure import combine, is_array_like, torch_module
+from .transport import Transport, choose_transport
 from .worker import WorkerState, exit_error, run_method, worker_failure
 
 __all__ = [
@@ -103,6 +104,7 @@ __all__ = [
     "RemoteError",
     "RuntimeConfig",
     "SumCollector",
+    "Transport",
     "WorkerCall",
     "WorkerContext",
     "WorkerFailure",
@@ -117,6 +119,7 @@ __all__ = [
     "call_mesh",
     "check_op",
     "check_src",
+    "choose_transport",
     "combine",
     "detect_platform",
     "exit_error",
