@@ -6,7 +6,14 @@ import logging
 
 import pytest
 
-from twinkle_core import ConfigurationError, remote_class, remote_function
+from twinkle_core import (
+    ConfigurationError,
+    DeviceGroup,
+    initialize,
+    remote_class,
+    remote_function,
+    shutdown,
+)
 from twinkle_core.remote import SPEC_ATTR
 from twinkle_core.transport import (
     AUTO_MIN_BYTES,
@@ -91,3 +98,22 @@ def test_a_named_transport_that_cannot_carry_falls_back_with_one_log_line(caplog
         "twinkle: Model.weights: transport 'nccl' cannot move cpu tensors in mode 'ray'; "
         "using the object store"
     ]
+
+
+def test_an_unregistered_transport_fails_when_the_object_is_created():
+    @remote_class()
+    class Model:
+        @remote_function(collect="first", transport="object_store")
+        def fine(self):
+            return 1
+
+        @remote_function(collect="first", transport="nccl")
+        def weights(self):
+            return 1
+
+    initialize("inprocess", groups=[DeviceGroup("g", 1)])
+    try:
+        with pytest.raises(ConfigurationError, match=r"Model.weights: transport: no transport"):
+            Model(remote_group="g")
+    finally:
+        shutdown()

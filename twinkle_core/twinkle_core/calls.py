@@ -28,6 +28,7 @@ from .errors import (
 )
 from .failures import CALLER_TAG, CallFailure, WorkersFailedError, tag_exception
 from .lazy import LazyCollect
+from .transport import check_registered
 
 EXECUTE_MODES = ("all", "first", "peer")
 
@@ -61,6 +62,7 @@ class MethodSpec:
             return hit[3], hit[4]
         dispatcher = as_dispatcher(self.dispatch, argument=f"{self.qualname}: dispatch")
         collector = as_collector(self.collect, argument=f"{self.qualname}: collect")
+        check_registered(self.transport, f"{self.qualname}: transport")
         _RESOLVED[id(self)] = (self, system, system.generation, dispatcher, collector)
         return dispatcher, collector
 

@@ -79,6 +79,16 @@ def check_known(value: str, registered: Iterable[str], argument: str) -> str:
     )
 
 
+def check_registered(value: str, argument: str) -> str:
+    """`value` must be built in or registered through the `register_transports` hook."""
+    if value in BUILTIN_TRANSPORTS:
+        return value
+    from .plugins import KINDS, registered_names
+
+    names = registered_names("transports") if "transports" in KINDS else []
+    return check_known(value, names, argument)
+
+
 _logged: set[tuple[str, str]] = set()
 
 
