@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -68,7 +69,15 @@ def test_two_group_inprocess_trace_has_a_track_per_group_and_rank(tmp_path):
     assert set(processes.values()) == {"driver", "group prod", "group cons"}
     pid_of = {name: pid for pid, name in processes.items()}
 
-    executions = [e for e in events if e["ph"] == "X" and e["cat"] == "worker"]
+    workers = [e for e in events if e["ph"] == "X" and e["cat"] == "worker"]
+    inits = [e for e in workers if e["name"].endswith(".__init__")]
+    assert sorted((e["name"], e["tid"]) for e in inits) == [
+        ("Consumer.__init__", 0),
+        ("Consumer.__init__", 1),
+        ("Producer.__init__", 0),
+        ("Producer.__init__", 1),
+    ]
+    executions = [e for e in workers if e not in inits]
     assert len(executions) == 3 * 2 * 2  # 3 rounds, 2 groups, 2 ranks
     for e in executions:
         group = e["args"]["group"]
@@ -103,7 +112,7 @@ def test_two_group_inprocess_trace_has_a_track_per_group_and_rank(tmp_path):
     # One flow arrow per execution, from the driver's dispatch to the execution.
     starts = {e["id"]: e for e in events if e["ph"] == "s"}
     ends = {e["id"]: e for e in events if e["ph"] == "f"}
-    assert len(starts) == len(ends) == len(executions)
+    assert len(starts) == len(ends) == len(executions)  # constructions have no call
     for fid, end in ends.items():
         assert starts[fid]["pid"] == pid_of["driver"]
         assert end["pid"] in (pid_of["group prod"], pid_of["group cons"])
@@ -151,7 +160,8 @@ W(remote_group="g").f()()
 """
     subprocess.run([sys.executable, "-c", script], check=True, timeout=120)
     events = json.loads(path.read_text())["traceEvents"]
-    assert [e["name"] for e in events if e["ph"] == "X" and e["cat"] == "worker"] == ["W.f"] * 2
+    names = [e["name"] for e in events if e["ph"] == "X" and e["cat"] == "worker"]
+    assert sorted(names) == ["W.__init__"] * 2 + ["W.f"] * 2
 
 
 def test_collection_is_split_into_wait_and_collect_by_the_executions_end():
@@ -223,7 +233,8 @@ def test_summary_command_of_a_real_run_and_a_bad_file(tmp_path):
         timeout=120,
     )
     assert done.returncode == 0, done.stderr
-    assert "Producer.make        6" in done.stdout and "Consumer.use         6" in done.stdout
+    for method, count in (("Producer.make", 6), ("Consumer.use", 6), ("Producer.__init__", 2)):
+        assert re.search(rf"^{re.escape(method)} +{count} ", done.stdout, re.M), done.stdout
     assert "prod: 2 rank(s)" in done.stdout and "cons: 2 rank(s)" in done.stdout
     bad = tmp_path / "bad.json"
     bad.write_text('{"events": []}')

@@ -33,7 +33,10 @@ def test_rank_zero_writes_one_merged_trace_with_every_rank(traced_job):
         "group sync",
     }
     pid_of = {v: k for k, v in processes.items()}
-    executions = [e for e in events if e["ph"] == "X" and e["cat"] == "worker"]
+    workers = [e for e in events if e["ph"] == "X" and e["cat"] == "worker"]
+    inits = sorted((e["name"], e["tid"]) for e in workers if e["name"].endswith(".__init__"))
+    assert inits == [(f"{c}.__init__", r) for c in ("Producer", "Synced") for r in (0, 1)]
+    executions = [e for e in workers if not e["name"].endswith(".__init__")]
     # 3 rounds x 2 groups x 2 ranks, each recorded by the process that ran it.
     assert len(executions) == 12
     for e in executions:
@@ -86,7 +89,12 @@ def test_summary_of_the_merged_trace(traced_job, tmp_path):
     data, _ = traced_job
     summary = summarize(data["traceEvents"])
     names = {m.name: m.count for m in summary.methods}
-    assert names == {"Producer.make": 6, "Synced.step": 6}
+    assert names == {
+        "Producer.make": 6,
+        "Synced.step": 6,
+        "Producer.__init__": 2,
+        "Synced.__init__": 2,
+    }
     assert {d.name for d in summary.drivers} == {"driver rank 0", "driver rank 1"}
 
 

@@ -124,6 +124,10 @@ def test_two_groups_overlap_on_their_own_tracks(traced):
     for e in runs:  # an execution starts after its call was dispatched (clocks aligned)
         assert e["ts"] >= dispatch_ts[e["args"]["call"]] - 1000
     assert len(data["otherData"]["clock_offsets_ns"]) == 4  # one per actor
+    inits = sorted(
+        (e["name"], e["tid"]) for e in events if e["ph"] == "X" and e["name"].endswith("__init__")
+    )
+    assert inits == [(f"{c}.__init__", r) for c in ("Learner", "Sampler") for r in (0, 1)]
 
 
 def test_dump_stacks_names_the_line_a_busy_actor_is_on(traced):

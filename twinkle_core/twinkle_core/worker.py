@@ -61,6 +61,8 @@ class WorkerState:
         generators are left as they were. Exceptions from the constructor propagate.
         """
         outer = get_rng_state()
+        rec = _trace.RECORDER
+        start = _trace.now_ns() if rec is not None else 0
         try:
             seed_everything(seed, full_determinism)
             with worker_context(context):
@@ -68,6 +70,10 @@ class WorkerState:
             return instance, cls(context, get_rng_state())
         finally:
             set_rng_state(outer)
+            if rec is not None:  # the construction is an execution on the worker too
+                name = f"{getattr(factory, '__name__', type(factory).__name__)}.__init__"
+                group, node = context.group_name, context.node_id
+                rec.worker_finished(name, group, context.rank, node, start, rec.current_call())
 
 
 @contextlib.contextmanager

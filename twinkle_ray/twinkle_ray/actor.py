@@ -150,10 +150,16 @@ class TwinkleActor:
         os.environ["MASTER_PORT"] = str(master[1])
         set_process_worker_context(ctx)
         seed_everything(seed, full_determinism)
+        rec = _tracing.tracing.RECORDER  # None unless the driver traces (tracing.py)
+        start = _tracing.tracing.now_ns() if rec is not None else 0
         try:
             self._tw_instance = cls(*args, **kwargs)
         except BaseException as exc:
             _raise_portable(exc, "__init__", ctx.rank)
+        finally:
+            if rec is not None:
+                boot = self._tw_boot
+                _tracing.record(rec, boot.group, boot.class_name, boot.rank, "__init__", start)
         self._maybe_register_tensors()
         return True
 
