@@ -7,9 +7,11 @@
 Each package's suite runs in an environment holding only that package and what it depends on,
 built from the working tree and installed as a user would (not editable): core without torch or
 ray; dingtalk = core + dingtalk; local = core + local + torch; ray = core + local + ray + torch;
-integration = all four + torch. Environments live in .nox/ and are reused: a second run only
-rebuilds the four small twinkle packages. uv hard-links installed files from its cache, so the
-environments that hold torch share one copy of it on disk.
+integration = all four + torch. Environments live in .nox/ and are reused. Each twinkle package
+is built into a wheel once per content of its folder (.nox/.twinkle-wheels/NAME-HASH/) and an
+environment reinstalls it only when that hash changed: a second run with unchanged sources builds
+nothing. uv hard-links installed files from its cache, so the environments that hold torch share
+one copy of it on disk.
 
 torch is pinned to TORCH below, for these environments only (the packages ask for torch>=2.2).
 Where PyPI's default torch wheel is a CUDA build, set TWINKLE_TORCH_INDEX_URL to PyTorch's CPU
@@ -20,6 +22,8 @@ below (TWINKLE_IGNORE_PIP_CONFIG=1 turns that off; UV_* variables already set wi
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -34,7 +38,14 @@ nox.options.default_venv_backend = "uv"
 nox.options.reuse_venv = "yes"
 nox.options.error_on_external_run = True
 nox.options.sessions = [
-    "lint", "docs", "core", "dingtalk", "local", "ray", "integration", "bench-quick"
+    "lint",
+    "docs",
+    "core",
+    "dingtalk",
+    "local",
+    "ray",
+    "integration",
+    "bench-quick",
 ]
 
 ROOT = Path(__file__).resolve().parent
@@ -153,14 +164,88 @@ def _groups(*names: str) -> tuple[str, ...]:
     return nox.project.dependency_groups(PYPROJECT, *names)
 
 
+# --- twinkle packages: one wheel per content, reinstalled only when it changed -------------------
+
+WHEELS = ROOT / ".nox" / ".twinkle-wheels"
+STAMP = "twinkle-wheels.json"  # in each environment: {package folder: hash of what is installed}
+_NOT_SOURCE = {"build", "dist", "__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache"}
+
+
+def _source_hash(package: str) -> str:
+    """A hash of every file of the package's folder (names and bytes), build output excluded."""
+    digest = hashlib.sha256()
+    base = ROOT / package
+    for path in sorted(base.rglob("*")):
+        rel = path.relative_to(base)
+        if any(p in _NOT_SOURCE or p.endswith(".egg-info") for p in rel.parts):
+            continue
+        if path.is_file():
+            digest.update(f"{rel.as_posix()}\0".encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def _wheel(session: nox.Session, package: str, digest: str) -> Path:
+    """The package's wheel for this content: built once (`uv build`), then reused."""
+    folder = WHEELS / f"{Path(package).name}-{digest}"
+    built = sorted(folder.glob("*.whl"))
+    if built:
+        return built[0]
+    partial = folder.with_name(folder.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    session.log(f"building {package} (its sources changed)")
+    uv = nox.virtualenv.UV  # the uv that nox runs (scripts/tools.sh installs it)
+    session.run(
+        uv,
+        "build",
+        "--wheel",
+        "--quiet",
+        "--out-dir",
+        str(partial),
+        package,
+        external=True,
+        env=UV_ENV,
+    )
+    partial.rename(folder)
+    for stale in WHEELS.glob(f"{Path(package).name}-*"):
+        if stale != folder:
+            shutil.rmtree(stale, ignore_errors=True)  # wheels of older contents
+    return sorted(folder.glob("*.whl"))[0]
+
+
+def _twinkle_args(session: nox.Session, packages: tuple[str, ...]) -> tuple[list[str], dict]:
+    """uv arguments that install the packages' current wheels (reinstalling those whose content
+    differs from what this environment holds), and the stamp to write once installed."""
+    stamp_path = Path(session.virtualenv.location) / STAMP
+    try:
+        installed = json.loads(stamp_path.read_text())
+    except (OSError, ValueError):
+        installed = {}
+    wanted = {package: _source_hash(package) for package in packages}
+    args = []
+    for package, digest in wanted.items():
+        wheel = _wheel(session, package, digest)
+        args.append(str(wheel))
+        if installed.get(package) != digest:
+            args += ["--reinstall-package", wheel.name.split("-")[0].replace("_", "-")]
+    return args, {**installed, **wanted}
+
+
+def _install_twinkle(session: nox.Session, *args: str, packages: tuple[str, ...]) -> None:
+    """`session.install(*args)` plus the given twinkle packages, as wheels of the working tree."""
+    twinkle, stamp = _twinkle_args(session, packages)
+    session.install(*args, *twinkle, env=UV_ENV)
+    (Path(session.virtualenv.location) / STAMP).write_text(json.dumps(stamp, indent=1))
+
+
 def _install(session: nox.Session, *packages: str, torch: bool = False) -> None:
     """Install the test tools and the given twinkle packages (built from the working tree)."""
-    args = [*_groups("test"), *packages]
+    args = [*_groups("test")]
     if torch:
         args.append(TORCH)
         if TORCH_INDEX_URL:
             args += ["--extra-index-url", TORCH_INDEX_URL, "--index-strategy", "unsafe-best-match"]
-    session.install(*args, env=UV_ENV)
+    _install_twinkle(session, *args, packages=packages)
 
 
 def _check_env(session: nox.Session, imports: tuple[str, ...], forbid: tuple[str, ...] = ()):
@@ -169,18 +254,18 @@ def _check_env(session: nox.Session, imports: tuple[str, ...], forbid: tuple[str
     uv installs no bytecode; this first import writes it (-I: whatever PYTHONDONTWRITEBYTECODE
     says), so the many processes a suite starts do not each compile torch and ray from source.
     """
+    # One process: the forbidden modules are looked for before the imports (an import of torch
+    # or ray by a twinkle package would otherwise hide that the environment holds it).
+    fix = f"recreate it with `nox -s {session.name} --reuse-venv=no`"
     code = (
         f"import importlib.util as u, sys; found = [m for m in {forbid!r} if u.find_spec(m)]; "
-        "sys.exit(f'this environment must not hold {found}' if found else 0)"
+        f"found and sys.exit(f'the {session.name} environment must not hold {{found}}: {fix}'); "
+        f"import {', '.join(imports)}"
     )
-    session.run("python", "-I", "-c", f"import {', '.join(imports)}", silent=True)
     try:
         session.run("python", "-I", "-c", code, silent=True)
     except CommandFailed:
-        session.error(
-            f"the {session.name} environment holds one of {', '.join(forbid)}: "
-            f"recreate it with `nox -s {session.name} --reuse-venv=no`"
-        )
+        session.error(f"the {session.name} environment is not as it should be (output above)")
 
 
 def _start_report(suite: str) -> Path:
@@ -210,7 +295,7 @@ def _pytest(session: nox.Session, report: Path, path: str) -> None:
 @nox.session
 def lint(session: nox.Session) -> None:
     """ruff over everything, mypy of twinkle-core, import-linter contracts (.importlinter)."""
-    session.install(*_groups("lint"), CORE, env=UV_ENV)
+    _install_twinkle(session, *_groups("lint"), packages=(CORE,))
     failed = []  # run every check, then fail with the list
     try:
         session.run("ruff", "check", *(p for p in LINT_PATHS if (ROOT / p).exists()))
@@ -224,7 +309,7 @@ def lint(session: nox.Session) -> None:
     if (ROOT / ".importlinter").exists():
         # Contracts are checked on the source (static imports); the plugins are installed without
         # their dependencies only so that import-linter can find them.
-        session.install("--no-deps", LOCAL, RAY, DINGTALK, env=UV_ENV)
+        _install_twinkle(session, "--no-deps", packages=(LOCAL, RAY, DINGTALK))
         try:
             session.run("lint-imports")
         except CommandFailed:
@@ -242,7 +327,7 @@ def lint(session: nox.Session) -> None:
 @nox.session
 def docs(session: nox.Session) -> None:
     """mkdocs build --strict (warnings, broken links and anchors fail)."""
-    session.install(*_groups("docs"), CORE, env=UV_ENV)
+    _install_twinkle(session, *_groups("docs"), packages=(CORE,))
     site = str(REPORTS / "site")
     session.run("mkdocs", "build", "--strict", "--quiet", "--site-dir", site, *session.posargs)
 
