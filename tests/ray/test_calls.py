@@ -190,10 +190,6 @@ def test_chained_argument_reaches_each_consumer_as_its_own_producer_shard(run):
     assert seen == [["ndarray", [0, 1]], ["ndarray", [4, 9]]]
 
 
-@pytest.mark.skipif(
-    "succeeded" not in twinkle_core.PendingCall.__dict__,
-    reason="core's runtime collects every finished call until PendingCall.succeeded() exists",
-)
 def test_chained_producer_results_never_reach_the_driver(run):
     producer, consumer = run["producer"], run["consumer"]
     # Large enough (160 KB per producer worker) to stay in the object store: the driver
