@@ -114,12 +114,16 @@ class ClusterConnection:
             log.info("twinkle: using the Ray connection this process already has")
             return
         kwargs: dict[str, Any] = {
-            "runtime_env": runtime_env,
             "namespace": namespace,
             "log_to_driver": True,
             "logging_level": logging.WARNING,
         }
         if address is not None:
+            # Workers of a cluster started elsewhere get the variables through the job's
+            # runtime environment; an empty one is left out (any runtime_env, even env_vars
+            # only, makes Ray prepare every worker process through its agent: seconds).
+            if runtime_env.get("env_vars") or set(runtime_env) - {"env_vars"}:
+                kwargs["runtime_env"] = runtime_env
             ray.init(address=address, **kwargs)
             self.connected_here = True
             self.address = address
@@ -141,7 +145,10 @@ class ClusterConnection:
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         try:
             # The cluster's processes inherit this environment, and so every worker: keep only
-            # what a node needs and what is meant to travel, never the driver's secrets.
+            # what a node needs and what is meant to travel, never the driver's secrets. That
+            # inheritance carries `runtime_env`'s variables too, so no runtime_env is given:
+            # with one, Ray starts each worker through its runtime-env agent (measured here:
+            # 4 actors in 3-7 s instead of about 1 s).
             with scrubbed_environ(keep_env, NODE_ESSENTIALS), _loopback_only():
                 ray.init(
                     address="local",  # never attach to some other cluster found on the machine
