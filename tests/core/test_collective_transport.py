@@ -117,3 +117,29 @@ def test_an_unregistered_transport_fails_when_the_object_is_created():
             Model(remote_group="g")
     finally:
         shutdown()
+
+
+def test_a_transport_registered_through_the_hook_is_accepted_by_name(fresh_plugins):
+    from twinkle_core import hookimpl
+    from twinkle_core.plugins import plugin_system, registered_names
+
+    class Plugin:
+        @hookimpl
+        def register_transports(self, register):
+            register("fastlane", Gloo)
+
+    @remote_class()
+    class Uses:
+        @remote_function(dispatch="all", transport="fastlane")
+        def weights(self):
+            return 1
+
+    initialize("inprocess", groups=[DeviceGroup("g", 1)])
+    try:
+        with pytest.raises(ConfigurationError, match="no transport named 'fastlane'"):
+            Uses(remote_group="g")
+        plugin_system().add(Plugin(), "fastlane-plugin")
+        assert "fastlane" in registered_names("transports")
+        assert Uses(remote_group="g").weights()() == [1]
+    finally:
+        shutdown()

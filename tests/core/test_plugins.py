@@ -86,6 +86,7 @@ def test_plugins_json_shape(site, capsys):
             "collectors",
             "platforms",
             "notifiers",
+            "transports",
         }
     core = data[0]
     assert core["registers"]["backends"] == ["inprocess"]

@@ -43,6 +43,12 @@ def register_notifiers(register) -> None:
 
 
 @hookspec
+def register_transports(register) -> None:
+    """Register `Transport` subclasses by name, for `@remote_function(transport=name)` and the
+    `auto` rule (`twinkle_core.transport.choose_transport`)."""
+
+
+@hookspec
 def twinkle_secret_env_vars() -> list[str] | None:
     """Environment variables that hold this plugin's secrets or driver-only settings.
 

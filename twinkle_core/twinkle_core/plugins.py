@@ -30,7 +30,7 @@ ENTRY_POINT_GROUP = "twinkle"
 CORE_DISTRIBUTION = "twinkle-core"
 CORE_PLUGIN_NAME = "core"
 CORE_PLUGIN_MODULE = "twinkle_core.builtins"
-KINDS = ("backends", "dispatchers", "collectors", "platforms", "notifiers")
+KINDS = ("backends", "dispatchers", "collectors", "platforms", "notifiers", "transports")
 
 #: Which distribution (and core extra) provides the names twinkle's own packages register,
 #: so a missing one can be named with the pip command that installs it.
@@ -50,6 +50,7 @@ _SINGULAR = {
     "collectors": "collector",
     "platforms": "platform",
     "notifiers": "notifier",
+    "transports": "transport",
 }
 
 
