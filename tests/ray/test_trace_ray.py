@@ -60,10 +60,18 @@ def traced(cluster, tmp_path_factory):
     for i in range(2):
         a, b = learner.train(i), sampler.sample(i)  # both groups at once
         assert a() == [i, i] and b() == [i, i]
+    # Each actor's clock offset was measured when its group got its first call.
+    from twinkle_ray import tracing as ray_tracing
+
+    deadline = time.monotonic() + 30
+    while len(ray_tracing._offsets) < 4 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(ray_tracing._offsets) == 4
     dumped = _dump_while_stuck(sampler)
     with pytest.raises(CallTimeoutError) as info:
         sampler.stuck()()
     shutdown()
+    assert ray_tracing._offsets == {}  # used for the merge, not measured again
     return json.loads(path.read_text()), dumped, info.value
 
 

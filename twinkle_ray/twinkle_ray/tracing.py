@@ -8,7 +8,7 @@ actor's id; the driver reads them and asks the probe for
 - `stacks`: every thread's Python stack (`sys._current_frames()`), answered while the actor's
   main thread runs user code (the probe needs the GIL only for a moment);
 - `clock`: the actor's trace clock, to measure its offset to the driver's (least round trip
-  of a few pings);
+  of a few pings, when the group gets its first call);
 - `trace`: the executions the actor recorded (when the driver traces: `TWINKLE_TRACE_WORKER`
   reaches actors with the other `TWINKLE_*` variables).
 
@@ -181,16 +181,20 @@ def _actors(backend: Any, workers: Any = None) -> list[tuple[str, str]]:
 
 
 def gather(rec: Any, backend: Any) -> None:
-    """Merge every actor's recorded executions into the driver's trace (before shutdown)."""
+    """Merge every actor's recorded executions into the driver's trace (before shutdown),
+    each shifted by its clock offset (measured at its group's first call, else now)."""
     if getattr(backend, "name", None) != "ray" or not ray.is_initialized():
         return
+    _measured_groups.clear()
     for actor_id, who in _actors(backend):
         try:
             info = _probe_info(actor_id)
             if info is None:
                 log.warning("twinkle: no trace from %s: its probe never started", who)
                 continue
-            offset = clock_offset(info)
+            offset = _offsets.pop(actor_id, None)
+            if offset is None:
+                offset = clock_offset(info)
             snapshot = ask(info, "trace", 10.0).get("snapshot")
         except Exception as exc:
             log.warning("twinkle: could not fetch the trace events of %s: %s", who, exc)
@@ -200,11 +204,38 @@ def gather(rec: Any, backend: Any) -> None:
 
 
 def link_ids(pending: Any) -> list[str] | None:
-    """The Ray task ids of a call's executions (what each actor records with its event)."""
+    """The Ray task ids of a call's executions (what each actor records with its event).
+
+    The first call to a group also starts measuring its actors' clock offsets, in a thread
+    (so they are measured when the group starts, not when the run ends)."""
     refs = getattr(pending, "value_refs", None)
     if not refs:
         return None
+    workers = getattr(pending, "workers", None)
+    rec = tracing.RECORDER
+    on_driver = rec is not None and rec.role == "driver"
+    if on_driver and workers is not None and id(workers) not in _measured_groups:
+        _measured_groups[id(workers)] = workers  # kept: ids of live objects stay unique
+        threading.Thread(
+            target=_measure_offsets, args=(workers,), name="twinkle-clock", daemon=True
+        ).start()
     return [ref.task_id().hex() for ref in refs]
+
+
+#: Groups whose actors' clock offsets were measured (or are being measured), by id.
+_measured_groups: dict[int, Any] = {}
+#: Clock offset of each actor (by actor id) measured at its group's first call, ns.
+_offsets: dict[str, int] = {}
+
+
+def _measure_offsets(workers: Any) -> None:
+    for actor_id, who in _actors(None, workers):
+        try:
+            info = _probe_info(actor_id)
+            if info is not None:
+                _offsets[actor_id] = clock_offset(info)
+        except Exception as exc:  # measured again when the events are fetched
+            log.debug("twinkle: clock offset of %s not measured at start: %s", who, exc)
 
 
 def worker_stacks(backend: Any, workers: Any, timeout: float) -> list[tuple[str, str]]:
