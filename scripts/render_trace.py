@@ -1,6 +1,10 @@
 """Render a twinkle trace (Chrome Trace Event JSON) as a PNG timeline, for the docs.
 
     python scripts/render_trace.py run.json docs/images/trace.png [--title TEXT]
+        [--since NAME]
+
+`--since NAME` starts the picture at the first event named NAME (e.g. the first step's
+dispatch), leaving out the start-up before it; times are then counted from there.
 
 One row per track, as Perfetto shows them: the driver's threads first, then each group's
 ranks; one bar per complete event ("ph": "X"), coloured by method (driver bars by kind:
@@ -38,7 +42,7 @@ def load_tracks(events: list[dict]) -> tuple[list[tuple[int, int, str]], dict, l
     return tracks, processes, complete
 
 
-def render(path: str, out: str, title: str | None = None) -> None:
+def render(path: str, out: str, title: str | None = None, since: str | None = None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -48,6 +52,15 @@ def render(path: str, out: str, title: str | None = None) -> None:
     with open(path) as f:
         events = json.load(f)["traceEvents"]
     tracks, _, complete = load_tracks(events)
+    if since is not None:
+        starts = [e["ts"] for e in complete if e["name"] == since]
+        if not starts:
+            raise SystemExit(f"render_trace.py: no event named {since!r} in {path}")
+        origin = min(starts)
+        complete = [{**e, "ts": e["ts"] - origin} for e in complete if e["ts"] + e["dur"] >= origin]
+        for e in complete:
+            if e["ts"] < 0:
+                e["dur"], e["ts"] = e["dur"] + e["ts"], 0.0
     row = {(pid, tid): i for i, (pid, tid, _) in enumerate(tracks)}
     colours: dict[str, str] = {}
     bars: dict[str, list[tuple[float, float, int]]] = defaultdict(list)
@@ -88,8 +101,9 @@ def main() -> None:
     parser.add_argument("trace", help="the trace file written by initialize(trace=...)")
     parser.add_argument("out", help="the PNG to write")
     parser.add_argument("--title", default=None)
+    parser.add_argument("--since", default=None, metavar="NAME", help="start at this event")
     args = parser.parse_args()
-    render(args.trace, args.out, args.title)
+    render(args.trace, args.out, args.title, args.since)
 
 
 if __name__ == "__main__":
