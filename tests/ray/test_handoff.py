@@ -311,9 +311,9 @@ def test_a_method_writing_into_a_received_view_is_warned_about(cluster):
         writer = Writer(remote_group="cons")
         rows = (1 << 20) // 16 + 16  # w is (rows, 4) float32: just over 1 MiB
         for _ in range(2):
-            # Both workers read the one stored result: on one node, the one that runs second
-            # sees the first one's write (10 -> 20): the hazard the warning is about.
-            assert sorted(writer.scale(maker.weights(rows))(120)) in ([10.0, 10.0], [10.0, 20.0])
+            # Both workers read the one stored result: on one node, each may see the other's
+            # write too (10 -> 20): the hazard the warning is about.
+            assert set(writer.scale(maker.weights(rows))(120)) <= {10.0, 20.0}
         shown = writer.shown_warnings()(60)
         assert [len(s) for s in shown] == [1, 1], shown  # once per method and worker
         assert "Writer.scale wrote in place into 1 tensor argument(s) (1.0 MiB)" in shown[0][0]
