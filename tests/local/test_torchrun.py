@@ -247,3 +247,16 @@ def test_four_processes_groups_smaller_than_the_world(tmp_path):
         dp, tp = divmod(rank, 2)
         tp_group = [2 * dp, 2 * dp + 1]
         assert torch_mesh == [["dp", "tp"], [[0, 1], [2, 3]], dp, tp, tp_group]
+
+
+def test_the_waiting_process_ends_with_its_shutdown_deadline(tmp_path):
+    """The process that lost the election waits for the sender's alert only as long as its
+    own `shutdown(timeout=...)` allows, not `notify_wait` (30 s)."""
+    job = run_job("slow_sender_job.py", tmp_path, timeout=180)
+    assert job.returncode == 0, job.output[-4000:]
+    reports = [json.loads((tmp_path / f"shutdown{r}.json").read_text()) for r in (0, 1)]
+    senders = [r for r in reports if r["sender"]]
+    waiters = [r for r in reports if not r["sender"]]
+    assert len(senders) == 1 and len(waiters) == 1, reports  # one alert for the job
+    assert waiters[0]["took"] < 12, reports  # deadline 2 s (30 s before the fix)
+    assert 20 < senders[0]["took"] < 45, reports  # the slow notifier is cut at its own 25 s

@@ -8,7 +8,6 @@ Several ranks failing are grouped: one line per distinct error with its ranks.
 from __future__ import annotations
 
 import re
-import sys
 import traceback
 from dataclasses import dataclass, field
 
@@ -134,10 +133,7 @@ def format_remote_traceback(exc: BaseException) -> str:
 
 def add_note(exc: BaseException, note: str) -> None:
     """`exc.add_note(note)`: shown under the traceback (PEP 678)."""
-    if sys.version_info >= (3, 11):
-        exc.add_note(note)
-    else:  # pragma: no cover - Python 3.10
-        exc.__notes__ = [*getattr(exc, "__notes__", []), note]
+    exc.add_note(note)
 
 
 def _message_is_args0(exc: BaseException) -> bool:

@@ -243,6 +243,12 @@ class AlertQueue:
             limit = time.monotonic() + max(0.0, timeout)
             self._limit = limit if self._limit is None else min(self._limit, limit)
 
+    def time_left(self, timeout: float) -> float:
+        """`timeout`, cut to what is left of the deadline `limit_waits` set: for backends
+        whose own alert hand-shakes (e.g. waiting for another process to send) must end with
+        the shutdown's deadline too."""
+        return max(0.0, self._deadline(timeout) - time.monotonic())
+
     def flush(self, timeout: float) -> bool:
         """Wait up to `timeout` seconds until every queued alert was handed to the notifier
         and it returned; True if so. Does not wait for what the notifier holds back."""

@@ -632,7 +632,10 @@ class LocalBackend(ExecutionBackend):
                 except Exception as exc:
                     log.warning("twinkle: could not tell the other processes: %s", exc)
         if lost:
-            self.channel.wait_done(lost, self._notify_wait)
+            # Within the shutdown's deadline (`shutdown(timeout=...)`), as the sender's flush.
+            alerts = getattr(self, "_alerts", None)
+            wait = self._notify_wait if alerts is None else alerts.time_left(self._notify_wait)
+            self.channel.wait_done(lost, wait)
         self._claims = []
 
     # ----------------------------------------------------------------- stop

@@ -57,6 +57,8 @@ MAX_TITLE_CHARS = 120
 THROTTLE_PAUSE = 60.0
 #: Retry back-off: first wait, growth factor, cap (seconds); jittered by +-20 %.
 BACKOFF_FIRST, BACKOFF_FACTOR, BACKOFF_MAX = 0.2, 2.0, 2.0
+#: The retry jitter's own generator: never the global one a seeded user run relies on.
+_JITTER = random.Random()
 #: Titles listed in one summary message.
 SUMMARY_MAX_TITLES = 20
 #: Shorter than this left of a deadline, a post is not even tried (it could not succeed).
@@ -402,7 +404,7 @@ class DingTalkNotifier(Notifier):
             if outcome.ok:
                 return outcome
             remaining = deadline - time.monotonic()
-            wait = min(delay, BACKOFF_MAX) * random.uniform(0.8, 1.2)
+            wait = min(delay, BACKOFF_MAX) * _JITTER.uniform(0.8, 1.2)
             if not outcome.transient or remaining <= wait + 0.05:
                 break
             time.sleep(wait)
