@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import inspect
 import operator
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -12,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from .device_mesh import DeviceMesh
-from .errors import ConfigurationError
+from .strategies import as_strategy
 from .structure import combine, torch_module
 
 
@@ -174,17 +173,12 @@ BUILTIN_COLLECTORS: dict[str, Collector] = {
 
 def as_collector(obj: Any, *, argument: str = "collect") -> Collector:
     """Accept a registered name, a Collector (class or instance), or a plain function."""
-    from .plugins import get_plugin
-
-    if isinstance(obj, str):
-        return as_collector(get_plugin("collectors", obj), argument=argument)
-    if isinstance(obj, Collector):
-        return obj
-    if inspect.isclass(obj) and issubclass(obj, Collector):
-        return obj()
-    if callable(obj):
-        return FunctionCollector(obj)
-    raise ConfigurationError(
-        f"{argument} must be a collector name (e.g. 'mean'), a Collector, or a function "
-        f"(results, device_mesh) -> value; got {obj!r}"
+    return as_strategy(
+        obj,
+        kind="collectors",
+        base=Collector,
+        wrap=FunctionCollector,
+        argument=argument,
+        expected="a collector name (e.g. 'mean'), a Collector, or a function "
+        "(results, device_mesh) -> value",
     )

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import inspect
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any
 
 from .device_mesh import DeviceMesh
 from .errors import ConfigurationError
+from .strategies import as_strategy
 from .structure import is_array_like
 
 WorkerArgs = list[tuple[tuple, dict]]
@@ -175,18 +175,12 @@ BUILTIN_DISPATCHERS: dict[str, Dispatcher] = {
 
 def as_dispatcher(obj: Any, *, argument: str = "dispatch") -> Dispatcher:
     """Accept a registered name, a Dispatcher (class or instance), or a plain function."""
-    from .plugins import get_plugin
-
-    if isinstance(obj, str):
-        obj = get_plugin("dispatchers", obj)
-        return as_dispatcher(obj, argument=argument)
-    if isinstance(obj, Dispatcher):
-        return obj
-    if inspect.isclass(obj) and issubclass(obj, Dispatcher):
-        return obj()
-    if callable(obj):
-        return FunctionDispatcher(obj)
-    raise ConfigurationError(
-        f"{argument} must be a dispatcher name (e.g. 'slice_dp'), a Dispatcher, or a function "
-        f"(args, kwargs, n_workers, device_mesh) -> [(args, kwargs), ...]; got {obj!r}"
+    return as_strategy(
+        obj,
+        kind="dispatchers",
+        base=Dispatcher,
+        wrap=FunctionDispatcher,
+        argument=argument,
+        expected="a dispatcher name (e.g. 'slice_dp'), a Dispatcher, or a function "
+        "(args, kwargs, n_workers, device_mesh) -> [(args, kwargs), ...]",
     )
