@@ -152,3 +152,19 @@ def test_call_timeout_carries_every_workers_stack(traced):
     assert "twinkle: stacks when the call timed out" in notes
     assert "2 x group 'sample' rank 0 (Sampler); group 'sample' rank 1 (Sampler)" in notes
     assert "time.sleep(60)  # the sampler hangs here" in notes
+
+
+def test_untraced_run_records_nothing_in_its_actors(cluster, traced):
+    from twinkle_core import trace as core_trace
+    from twinkle_ray import tracing as ray_tracing
+
+    initialize("ray", address=cluster.address, groups=[DeviceGroup("plain", 1, "cpu")])
+    try:
+        assert core_trace.RECORDER is None
+        learner = Learner(remote_group="plain")
+        assert learner.train(1)() == [1]
+        (handle,) = learner.__dict__["_twinkle_binding"].workers.handles
+        info = ray_tracing._probe_info(handle._actor_id.hex())
+        assert ray_tracing.ask(info, "trace", 10.0) == {"snapshot": None}
+    finally:
+        shutdown()
