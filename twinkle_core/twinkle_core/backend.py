@@ -126,8 +126,12 @@ class WorkerGroup(ABC):
         call pipeline), for backends that exchange results eagerly or reduce them in place.
         """
 
-    def resolve_argument(self, value: LazyCollect) -> Any:
-        """How a LazyCollect argument is handed to this group (default: its collected value)."""
+    def resolve_argument(self, value: LazyCollect, dispatcher: Any = None) -> Any:
+        """How a LazyCollect argument is handed to this group (default: its collected value).
+
+        `dispatcher` is the call's dispatcher: a backend that hands on stand-ins for values
+        not collected yet can tell whether the dispatcher will look inside them.
+        """
         return value()
 
 

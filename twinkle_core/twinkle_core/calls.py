@@ -47,6 +47,9 @@ class MethodSpec:
     timeout: float | None = None
     #: How large tensor results travel to other groups (`twinkle_core.transport`).
     transport: str = "auto"
+    #: The method writes in place into its tensor/array arguments: backends that hand out
+    #: read-only (shared) views of large arguments give it private copies instead.
+    writable_args: bool = False
 
     def resolved(self) -> tuple[Dispatcher, Collector]:
         """The dispatcher and collector this method names, looked up once per plugin state.
@@ -153,8 +156,8 @@ def resolve_lazy_values(value: Any) -> Any:
     return replace_lazy(value, lambda lazy: lazy())
 
 
-def _resolve_lazy(value: Any, workers: WorkerGroup) -> Any:
-    return replace_lazy(value, workers.resolve_argument)
+def _resolve_lazy(value: Any, workers: WorkerGroup, dispatcher: Dispatcher) -> Any:
+    return replace_lazy(value, lambda lazy: workers.resolve_argument(lazy, dispatcher))
 
 
 def _strategy_name(strategy: Any) -> str:
@@ -193,8 +196,8 @@ def invoke(
     if rec is not None:
         call_id, traced_at = rec.begin_call()
     targets = target_ranks(spec.execute, workers)
-    args = _resolve_lazy(args, workers)
-    kwargs = _resolve_lazy(kwargs, workers)
+    args = _resolve_lazy(args, workers, dispatcher)
+    kwargs = _resolve_lazy(kwargs, workers, dispatcher)
     mesh = call_mesh(targets, workers)
     per_worker = dispatcher.dispatch(args, kwargs, len(targets), mesh)
     if not isinstance(per_worker, list) or len(per_worker) != len(targets):

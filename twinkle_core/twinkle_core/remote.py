@@ -44,6 +44,7 @@ def remote_function(
     lazy_collect: bool | None = None,
     timeout: float | None = None,
     transport: str = "auto",
+    writable_args: bool = False,
 ) -> Any:
     """Make a method of a `@remote_class` run on the workers of the object's group.
 
@@ -51,9 +52,15 @@ def remote_function(
     `execute` ('all', 'first' or 'peer'), and combines their results with `collect`. It returns
     a `LazyCollect` while lazy collection is on. Inside a worker the method runs directly.
     `transport` names how large tensor results travel to other groups: 'auto', 'object_store'
-    or a registered transport (`twinkle_core.transport`).
+    or a registered transport (`twinkle_core.transport`). `writable_args=True` says the
+    method writes in place into its array/tensor arguments: backends that hand out read-only
+    views of large arguments (Ray's object store) give it private copies instead.
     """
     check_transport(transport)
+    if not isinstance(writable_args, bool):
+        raise ConfigurationError(
+            f"remote_function(writable_args=...) must be True or False, got {writable_args!r}"
+        )
     _check_strategy(dispatch, "dispatch", Dispatcher)
     _check_strategy(collect, "collect", Collector)
     if execute not in EXECUTE_MODES:
@@ -94,6 +101,7 @@ def remote_function(
             lazy_collect=lazy_collect,
             timeout=timeout,
             transport=transport,
+            writable_args=writable_args,
         )
 
         @functools.wraps(fn)
