@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from . import slow_calls as _slow_calls
 from . import stacks as _stacks
 from . import trace as _trace
 from .backend import WorkerCall, WorkerGroup
@@ -233,7 +234,13 @@ def invoke(
                     f"timeout={spec.timeout:g}s (it ran for {took:.3g}s "
                     "while being submitted)"
                 )
-            return pending.collect(collector, mesh, deadline)
+            if pending.done():
+                return pending.collect(collector, mesh, deadline)
+            limit = "" if deadline is None else f", timeout {deadline:g} s"
+            with _slow_calls.waiting_for(
+                f"{method} on group {workers.group.name!r} (called at {call_site}{limit})"
+            ):
+                return pending.collect(collector, mesh, deadline)
         except WorkersFailedError as errors:
             failure = CallFailure(
                 run_name=binding.run_name,
