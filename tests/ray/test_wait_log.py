@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import logging
 import re
+import sys
 
 import pytest
 import ray
+import ray.cloudpickle
 from ray.util.placement_group import placement_group, remove_placement_group
 
-from twinkle_core import DeviceGroup, initialize
+from twinkle_core import DeviceGroup, initialize, remote_class, remote_function, shutdown
 from twinkle_ray.resources import ClusterResourceError
+
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers need not import it
 
 
 def test_pending_placement_logs_what_it_needs_and_what_is_free(
@@ -49,3 +53,39 @@ def test_pending_placement_logs_what_it_needs_and_what_is_free(
     free = first.split("free: ", 1)[1]
     assert len(re.findall(r"node \S+ 1 GPU", free)) == 2, first
     assert re.search(r"\(\d+ s of placement_timeout=4 s\)$", lines[-1]), lines[-1]
+
+
+@remote_class()
+class SlowToBuild:
+    def __init__(self, seconds: float) -> None:
+        import time
+
+        time.sleep(seconds)
+
+    @remote_function(dispatch="all", collect="none")
+    def ping(self):
+        return "pong"
+
+
+def test_slow_constructors_are_logged_while_the_driver_waits(
+    cluster, no_runtime, caplog, monkeypatch
+):
+    monkeypatch.setenv("TWINKLE_WAIT_LOG_INTERVAL", "0.3")
+    caplog.set_level(logging.INFO, logger="twinkle.wait")
+    initialize(
+        "ray",
+        address=cluster.address,
+        groups=[DeviceGroup("builders", 2, "cpu")],
+        cpus_per_worker=0.5,
+        name="wait-log-construct",
+    )
+    try:
+        assert SlowToBuild(2.0, remote_group="builders").ping()(60) == ["pong", "pong"]
+    finally:
+        shutdown()
+    lines = [r.getMessage() for r in caplog.records if r.name == "twinkle.wait"]
+    assert any(
+        "still waiting for SlowToBuild.__init__ on every actor of group 'builders' "
+        "(SlowToBuild, 2 actors)" in m
+        for m in lines
+    ), lines

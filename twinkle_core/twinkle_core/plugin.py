@@ -73,6 +73,7 @@ from .plugins import get_plugin, registered_names, secret_env_patterns
 from .portable import PortableException, RemoteError, portable_exception, rebuilt
 from .runtime import RuntimeConfig
 from .seeding import get_rng_state, seed_everything, set_rng_state
+from .slow_calls import waiting_for
 from .structure import combine, is_array_like, torch_module
 from .transport import Transport, choose_transport
 from .worker import WorkerState, exit_error, run_method, worker_failure
@@ -144,6 +145,7 @@ __all__ = [
     "tag_call_site",
     "torch_module",
     "tracing",
+    "waiting_for",
     "worker_context",
     "worker_failure",
 ]

@@ -27,6 +27,7 @@ from twinkle_core.plugin import (
     WorkersFailedError,
     get_platform,
     registered_names,
+    waiting_for,
 )
 
 from . import collective as ray_collective
@@ -307,8 +308,10 @@ class RayBackend(ExecutionBackend):
         with checked_arguments(workers.class_name, "__init__", calls):
             refs = self._construct(workers, slots, cls, calls, config, master)
         construct = RayPendingCall(workers, "__init__", ranks, refs, generation)
+        what = f"group {workers.group.name!r} ({workers.class_name}, {len(ranks)} actors)"
         try:
-            _raise_first(hello, min(timeout, hello_timeout or timeout), "start")
+            with waiting_for(f"the actors of {what} to start"):
+                _raise_first(hello, min(timeout, hello_timeout or timeout), "start")
         except CallTimeoutError as exc:
             if hello_timeout is None or hello_timeout >= timeout:
                 raise
@@ -317,7 +320,8 @@ class RayBackend(ExecutionBackend):
                 f"start within placement_timeout={hello_timeout:g}s in the bundles the run "
                 f"already holds, so their node is most likely gone ({exc})"
             ) from None
-        _raise_first(construct, max(1.0, deadline - time.monotonic()), "construct")
+        with waiting_for(f"{workers.class_name}.__init__ on every actor of {what}"):
+            _raise_first(construct, max(1.0, deadline - time.monotonic()), "construct")
 
     def _construct(self, workers, slots, cls, calls, config, master) -> list[Any]:
         """Queue the user's constructor on every actor (its arguments shipped once)."""
