@@ -18,6 +18,7 @@ Both timed in CPU time of the calling thread (all the work of both variants happ
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 import time
 
@@ -112,6 +113,7 @@ def run(ctx: Context) -> list[Row]:
     finally:
         _trace.RECORDER = None
         shutdown()
+        shutil.rmtree(directory, ignore_errors=True)
     rows.append(
         row_from_samples(
             "13b",
