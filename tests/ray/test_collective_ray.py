@@ -24,8 +24,28 @@ from twinkle_core import (
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
+class Reducing:
+    """The reductions both sides of a collective group run (inherited remote functions)."""
+
+    @remote_function(dispatch="all", collect="flatten")
+    def reduce(self, name: str, op: str) -> list:
+        import torch
+
+        c = collective(name)
+        (t,) = c.all_reduce([torch.full((3,), float(c.rank + 1))], op=op)
+        return [t.tolist()]
+
+    @remote_function(dispatch="all", collect="flatten")
+    def gather(self, name: str) -> list:
+        import torch
+
+        c = collective(name)
+        c.barrier()
+        return [[float(t) for t in c.all_gather(torch.tensor([float(c.rank)]))]]
+
+
 @remote_class()
-class Policy:
+class Policy(Reducing):
     """Has its own default process group (its group's world), like a data-parallel trainer."""
 
     def __init__(self) -> None:
@@ -50,29 +70,13 @@ class Policy:
         dist.all_reduce(t)
         return [(dist.get_world_size(), float(t))]
 
-    @remote_function(dispatch="all", collect="flatten")
-    def reduce(self, name: str, op: str) -> list:
-        import torch
-
-        c = collective(name)
-        (t,) = c.all_reduce([torch.full((3,), float(c.rank + 1))], op=op)
-        return [t.tolist()]
-
-    @remote_function(dispatch="all", collect="flatten")
-    def gather(self, name: str) -> list:
-        import torch
-
-        c = collective(name)
-        c.barrier()
-        return [[float(t) for t in c.all_gather(torch.tensor([float(c.rank)]))]]
-
     @remote_function(dispatch="all", collect="none")
     def sleep(self, seconds: float) -> None:
         time.sleep(seconds)
 
 
 @remote_class()
-class Sampler:
+class Sampler(Reducing):
     """No process group of its own."""
 
     def __init__(self) -> None:
@@ -87,22 +91,6 @@ class Sampler:
         c = collective(name)
         c.broadcast(self.weights, src=0)
         return [(c.rank, c.world_size, dist.is_initialized(), self.weights.tolist())]
-
-    @remote_function(dispatch="all", collect="flatten")
-    def reduce(self, name: str, op: str) -> list:
-        import torch
-
-        c = collective(name)
-        (t,) = c.all_reduce([torch.full((3,), float(c.rank + 1))], op=op)
-        return [t.tolist()]
-
-    @remote_function(dispatch="all", collect="flatten")
-    def gather(self, name: str) -> list:
-        import torch
-
-        c = collective(name)
-        c.barrier()
-        return [[float(t) for t in c.all_gather(torch.tensor([float(c.rank)]))]]
 
     @remote_function(dispatch="all", collect="flatten")
     def raw_torch(self, name: str) -> list:
