@@ -179,6 +179,15 @@ class ExecutionBackend(ABC):
             "use mode 'ray', 'local' or 'inprocess'"
         )
 
+    @property
+    def owns_console(self) -> bool:
+        """Whether this process draws the live status line on its terminal (slow_calls.py).
+
+        True by default; a backend whose every process is a driver on one terminal (torchrun)
+        returns True in one of them only.
+        """
+        return True
+
     def claim_notification(self, key: str) -> bool:
         """Whether this process should send the alert `key` (one sender per job)."""
         return True

@@ -216,8 +216,15 @@ def invoke(
     if rec is not None:
         on_driver = get_worker_context() is None  # calls inside workers: no driver track
         name, links = f"{workers.class_name}.{spec.name}", _trace.links_of(pending)
+        nbytes = _trace.payload_bytes(calls) if on_driver else None
         rec.end_dispatch(
-            call_id, traced_at, name, workers.group.name, record=on_driver, links=links
+            call_id,
+            traced_at,
+            name,
+            workers.group.name,
+            record=on_driver,
+            links=links,
+            nbytes=nbytes,
         )
     # Backends that run a call while submitting it (in-process, torchrun) cannot interrupt it;
     # a call that outlived its method's timeout there fails as it would where it could be.

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import slow_calls as _slow_calls
 from . import stacks as _stacks
 from . import trace as _trace
 from .backend import ExecutionBackend, WorkerGroup
@@ -309,6 +310,9 @@ def initialize(
             _trace.discard()
             raise
         _runtime = Runtime(config, backend)
+        _slow_calls.configure_status_line(
+            _slow_calls.status_line_wanted() and bool(backend.owns_console)
+        )
         _stacks.install_signal_handler()  # SIGUSR1 dumps every stack (stacks.py)
         # Registered after the backend started so it runs before the backend's own exit hooks
         # (atexit is last-in, first-out): unobserved failures are still reported and alerts
@@ -345,6 +349,7 @@ def shutdown(timeout: float = 10.0) -> None:
                 rt.backend.shutdown()
             finally:
                 _stacks.uninstall_signal_handler()
+                _slow_calls.configure_status_line(False)
                 _trace.finish()  # writes the trace when one is recorded (trace.py)
                 if rt.alerts is not None:
                     rt.alerts.close(timeout)  # only what is left of the deadline

@@ -22,11 +22,13 @@ per process, so durations never jump and processes on one machine agree to micro
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -37,6 +39,25 @@ log = logging.getLogger("twinkle.trace")
 WORKER_ENV = "TWINKLE_TRACE_WORKER"
 #: Where `initialize()` without `trace=` looks for a trace file path.
 PATH_ENV = "TWINKLE_TRACE"
+#: How many worker executions and how many driver spans each process keeps (the latest ones:
+#: a long run's trace stays bounded in memory and opens in Perfetto; the end, where a slow or
+#: stuck run is looked at, is kept).
+MAX_EVENTS_ENV = "TWINKLE_TRACE_MAX_EVENTS"
+DEFAULT_MAX_EVENTS = 1_000_000
+
+
+def max_events() -> int:
+    """`TWINKLE_TRACE_MAX_EVENTS` when set to a positive integer, else 1,000,000."""
+    raw = os.environ.get(MAX_EVENTS_ENV, "").strip()
+    try:
+        value = int(raw) if raw else DEFAULT_MAX_EVENTS
+    except ValueError:
+        log.warning(
+            "twinkle: %s=%r is not an integer; keeping %d", MAX_EVENTS_ENV, raw, DEFAULT_MAX_EVENTS
+        )
+        return DEFAULT_MAX_EVENTS
+    return value if value > 0 else DEFAULT_MAX_EVENTS
+
 
 _ANCHOR_NS = time.time_ns() - time.perf_counter_ns()
 
@@ -56,10 +77,15 @@ class Recorder:
         #: The name of this process's driver track (e.g. "driver rank 1" under torchrun).
         self.label = label
         self.pid = os.getpid()
+        #: At most this many of each kind of event are kept (the latest).
+        self.max_events = max_events()
         #: (name, group, rank, node, call id, link id, start_ns, end_ns, process label)
-        self.executions: list[tuple] = []
+        self.executions: deque[tuple] = deque(maxlen=self.max_events)
         #: (kind, name, group, call id, thread name, start_ns, end_ns, args, process label)
-        self.driver: list[tuple] = []
+        self.driver: deque[tuple] = deque(maxlen=self.max_events)
+        #: Events recorded here in total (kept or dropped), and dropped by other processes.
+        self._recorded = itertools.count()
+        self.dropped_elsewhere = 0
         #: Backend link ids (e.g. Ray task ids) of a call's executions -> (process, call id).
         self.links: dict[str, tuple[str, int]] = {}
         #: Offset of another process's trace clock to this one's, ns (theirs - ours).
@@ -110,6 +136,7 @@ class Recorder:
         args: dict[str, Any] = {"call": call, "group": group}
         if nbytes is not None:
             args["bytes"] = nbytes
+        next(self._recorded)
         self.driver.append(
             (
                 "dispatch",
@@ -126,6 +153,7 @@ class Recorder:
 
     def collect_span(self, call: int, start_ns: int, method: str, group: str) -> None:
         """The driver waited for and collected the call from `start_ns` until now."""
+        next(self._recorded)
         self.driver.append(
             (
                 "collect",
@@ -152,9 +180,22 @@ class Recorder:
         link: str | None = None,
     ) -> None:
         """One execution of `name` on worker `rank` of `group`, from `start_ns` until now."""
+        next(self._recorded)
         self.executions.append(
             (name, group, rank, node, call, link, start_ns, now_ns(), self.label)
         )
+
+    @property
+    def dropped(self) -> int:
+        """Events dropped over the limit, here and in the processes merged into this one."""
+        # next() is the one atomic read of an itertools.count; reads are counted and subtracted.
+        recorded = next(self._recorded) - self._reads
+        self._reads += 1
+        kept_here = len(self.executions) + len(self.driver) - self._merged
+        return max(0, recorded - kept_here) + self.dropped_elsewhere
+
+    _merged = 0
+    _reads = 0
 
     # ------------------------------------------------------------------ merging
     def snapshot(self) -> dict[str, Any]:
@@ -164,12 +205,21 @@ class Recorder:
             "executions": list(self.executions),
             "driver": list(self.driver),
             "links": dict(self.links),
+            "dropped": self.dropped,
         }
 
     def merge(self, snapshot: dict[str, Any], offset_ns: int = 0) -> None:
-        """Add another process's events, its clock `offset_ns` ahead of this one's."""
+        """Add another process's events, its clock `offset_ns` ahead of this one's.
+
+        Merged events do not count against this process's limit (each process kept its own).
+        """
         label = snapshot.get("label", "?")
         self.clock_offsets[label] = offset_ns
+        self.dropped_elsewhere += int(snapshot.get("dropped", 0))
+        if self.executions.maxlen is not None:
+            self.executions = deque(self.executions)
+            self.driver = deque(self.driver)
+        self._merged += len(snapshot.get("executions", ())) + len(snapshot.get("driver", ()))
         for e in snapshot.get("executions", ()):
             e = list(e)
             e[6] -= offset_ns
@@ -193,6 +243,15 @@ class Recorder:
         if not target:
             raise ValueError("Recorder.write(path=...): no path given and the recorder has none")
         data = self.to_chrome()
+        if self.dropped:
+            log.warning(
+                "twinkle: the trace %s holds the latest %d events of each process; %d earlier "
+                "ones were dropped (raise %s to keep more)",
+                target,
+                self.max_events,
+                self.dropped,
+                MAX_EVENTS_ENV,
+            )
         directory = os.path.dirname(os.path.abspath(target))
         os.makedirs(directory, exist_ok=True)
         tmp = f"{target}.tmp{os.getpid()}"
@@ -428,6 +487,8 @@ def chrome_trace(rec: Recorder) -> dict[str, Any]:
             "twinkle_trace_version": 1,
             "origin_unix_ns": origin,
             "clock_offsets_ns": dict(rec.clock_offsets),
+            "max_events_per_process": rec.max_events,
+            "dropped_events": rec.dropped,
         },
     }
 
@@ -478,3 +539,33 @@ def timed_resolve(
             rec.collect_span(call, start, method, group)
 
     return traced
+
+
+# ------------------------------------------------------------------------- payload size
+_WALK_LIMIT = 10_000  # items looked at per call: the size is a hint, never a cost
+
+
+def payload_bytes(calls: Any) -> int | None:
+    """Bytes of the arrays, tensors and bytes in the worker calls' arguments, or None if none.
+
+    The size of everything with an integer `nbytes` (numpy arrays, torch tensors, memoryviews)
+    or a length of bytes, found in arguments and in lists, tuples and dicts inside them, summed
+    over the workers (each is sent its own). Other values' pickled size is not known here.
+    """
+    total, found, budget = 0, False, _WALK_LIMIT
+    for call in calls:
+        stack: list[Any] = [*call.args, *call.kwargs.values()]
+        while stack and budget > 0:
+            value = stack.pop()
+            budget -= 1
+            if isinstance(value, (bytes, bytearray)):
+                total, found = total + len(value), True
+            elif isinstance(value, (list, tuple)):
+                stack.extend(value)
+            elif isinstance(value, dict):
+                stack.extend(value.values())
+            else:
+                size = getattr(value, "nbytes", None)
+                if isinstance(size, int):
+                    total, found = total + size, True
+    return total if found else None
