@@ -7,6 +7,7 @@ it only after it has seen the status line, so nothing depends on the machine's s
 
 from __future__ import annotations
 
+import logging
 import os
 import pty
 import select
@@ -159,3 +160,21 @@ def test_no_status_line_when_stderr_is_not_a_terminal(tmp_path):
     assert done.returncode == 0, done.stderr.decode()
     assert b"AFTER 7" in done.stderr
     assert b"twinkle: waiting" not in done.stderr and b"\x1b[2K" not in done.stderr
+
+
+def test_a_wait_registered_without_logging_shows_but_never_logs(monkeypatch, caplog):
+    """`waiting_for(..., log=False)`: for backends that log their own detailed lines."""
+    from twinkle_core.slow_calls import waiting_for
+
+    monkeypatch.setenv("TWINKLE_WAIT_LOG_INTERVAL", "0.05")
+    caplog.set_level(logging.INFO, logger="twinkle.wait")
+
+    def logged(what: str) -> int:
+        return sum(what in r.getMessage() for r in caplog.records if r.name == "twinkle.wait")
+
+    with waiting_for("the quiet one", log=False), waiting_for("the loud one"):
+        deadline = time.monotonic() + 60
+        while logged("the loud one") < 3:
+            assert time.monotonic() < deadline, "the logged wait was never reported"
+            time.sleep(0.05)
+    assert logged("the quiet one") == 0

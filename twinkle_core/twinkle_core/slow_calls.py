@@ -119,11 +119,11 @@ class _Watcher:
         self._wake = threading.Event()
         self.status = _StatusLine()
 
-    def enter(self, what: str) -> int:
+    def enter(self, what: str, log: bool = True) -> int:
         token = next(self._ids)
         now = time.monotonic()
         with self._lock:
-            self._waits[token] = [what, now, now]
+            self._waits[token] = [what, now, now if log else float("inf")]
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._run, name="twinkle-wait-log", daemon=True
@@ -178,9 +178,13 @@ def configure_status_line(enabled: bool) -> None:
 
 
 @contextlib.contextmanager
-def waiting_for(what: str) -> Iterator[None]:
-    """Report `what` every interval while the block runs (it waits for a call)."""
-    token = _watcher.enter(what)
+def waiting_for(what: str, *, log: bool = True) -> Iterator[None]:
+    """Report `what` every interval while the block runs (it waits for a call).
+
+    `log=False` shows the wait on the status line only, for waits that log their own more
+    detailed lines (e.g. a backend's placement wait naming free resources).
+    """
+    token = _watcher.enter(what, log)
     try:
         yield
     finally:
