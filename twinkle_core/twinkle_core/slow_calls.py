@@ -116,7 +116,6 @@ class _Watcher:
         self._waits: dict[int, list] = {}
         self._ids = itertools.count()
         self._thread: threading.Thread | None = None
-        self._wake = threading.Event()
         self.status = _StatusLine()
 
     def enter(self, what: str, log: bool = True) -> int:
@@ -136,15 +135,15 @@ class _Watcher:
             self._waits.pop(token, None)
             last = not self._waits
         if last:
-            self.status.clear()  # before the caller goes on and prints
-            self._wake.set()
+            # Erased here, before the caller goes on and prints. The thread is not woken: it
+            # stays for the rest of its tick, so a run of slow calls reuses one thread.
+            self.status.clear()
 
     def _run(self) -> None:
         step = interval()
         while True:
             tick = min(step, STATUS_TICK_S) if self.status.enabled else step
-            self._wake.wait(tick)
-            self._wake.clear()
+            time.sleep(tick)
             now = time.monotonic()
             with self._lock:
                 if not self._waits:
