@@ -107,7 +107,7 @@ def test_an_unregistered_transport_fails_when_the_object_is_created():
         def fine(self):
             return 1
 
-        @remote_function(collect="first", transport="nccl")
+        @remote_function(collect="first", transport="carrier-pigeon")
         def weights(self):
             return 1
 
