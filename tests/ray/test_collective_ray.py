@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -71,8 +72,12 @@ class Policy(Reducing):
         return [(dist.get_world_size(), float(t))]
 
     @remote_function(dispatch="all", collect="none")
-    def sleep(self, seconds: float) -> None:
-        time.sleep(seconds)
+    def hold_until(self, release: str, limit: float) -> None:
+        """Stay busy (so that a call queued behind this one waits) until the file `release`
+        exists, at most `limit` s: a member as late as the test needs, released at once."""
+        deadline = time.monotonic() + limit
+        while not os.path.exists(release) and time.monotonic() < deadline:
+            time.sleep(0.02)
 
 
 @remote_class()
@@ -171,20 +176,27 @@ def test_a_name_is_created_once(run):
         collective_group("sync", [sampler, policy])
 
 
-def test_a_member_that_does_not_join_in_time_is_named(run):
+def test_a_member_that_does_not_join_in_time_is_named(run, tmp_path):
     policy, sampler, _ = run
     slow = Policy(remote_group="slow")
-    busy = slow.sleep(12)
+    # The slow member stays busy until the test releases it (not a fixed sleep to wait out).
+    busy = slow.hold_until(str(tmp_path / "release-1"), 120)
     started = time.monotonic()
-    with pytest.raises(CallTimeoutError) as info:
-        collective_group("late", [slow, sampler], timeout=3)
-    assert time.monotonic() - started < 11
+    try:
+        with pytest.raises(CallTimeoutError) as info:
+            collective_group("late", [slow, sampler], timeout=3)
+        assert time.monotonic() - started < 11
+    finally:
+        (tmp_path / "release-1").touch()
     assert "Policy rank 0 (group 'slow') did not join within timeout=3s" in str(info.value)
     busy()
     # a late member that is not the first: the others wait at the rendezvous, then leave
-    busy = slow.sleep(12)
-    with pytest.raises(CallTimeoutError) as info:
-        collective_group("late", [sampler, slow], timeout=3)
+    busy = slow.hold_until(str(tmp_path / "release-2"), 120)
+    try:
+        with pytest.raises(CallTimeoutError) as info:
+            collective_group("late", [sampler, slow], timeout=3)
+    finally:
+        (tmp_path / "release-2").touch()
     assert "Policy rank 0 (group 'slow') did not join within timeout=3s" in str(info.value)
     assert "Sampler" not in str(info.value).split("did not join")[0]
     busy()
