@@ -17,6 +17,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -107,9 +108,10 @@ def run_job(
 
 def run_reporting_script(
     path: Path, source: str, *, env_extra: dict[str, str] | None = None, timeout: float = 240
-):
+) -> tuple[Any, str]:
     """Write `source` to `path` and run it with this Python (RAY_ADDRESS unset, so an embedded
-    Ray cluster is its own); it must exit 0 and print one line `REPORT <json>`: return the JSON.
+    Ray cluster is its own); it must exit 0 and print one line `REPORT <json>`: return the JSON
+    and everything the script printed (stdout, then stderr).
     """
     path.write_text(source)
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
@@ -119,4 +121,4 @@ def run_reporting_script(
     )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("REPORT ")]
     assert proc.returncode == 0 and lines, proc.stderr[-3000:]
-    return json.loads(lines[0][len("REPORT ") :])
+    return json.loads(lines[0][len("REPORT ") :]), proc.stdout + proc.stderr

@@ -1,20 +1,18 @@
 """Reliability and safety under faults and bad input: requests larger than the machine fail at
-`initialize` with the numbers, twinkle's temp dirs are private, and arguments Ray cannot ship
-fail early, named, without their values."""
+`initialize` with the numbers, and arguments Ray cannot ship fail early, named, without their
+values (twinkle's temp dirs being private is tested in test_embedded.py)."""
 
 from __future__ import annotations
 
 import glob
 import os
 import sys
-import textwrap
 import threading
 import time
 
 import pytest
 import ray
 import ray.cloudpickle
-from _support.jobs import run_reporting_script
 
 import twinkle_core
 from twinkle_core import ConfigurationError, DeviceGroup, initialize
@@ -99,66 +97,6 @@ def test_oversubscribe_option_is_validated():
     assert RayOptions.parse({"oversubscribe": True}).oversubscribe is True
     with pytest.raises(ConfigurationError, match=r"oversubscribe=\.\.\.\) must be True or False"):
         RayOptions.parse({"oversubscribe": "yes"})
-
-
-# ----------------------------------------------------------------------- private files
-PRIVATE_SCRIPT = textwrap.dedent(
-    """
-    import json, os, stat, sys
-    import ray.cloudpickle
-    import twinkle_core
-    from twinkle_core import DeviceGroup, initialize, remote_class, remote_function, shutdown
-
-    @remote_class()
-    class Echo:
-        def __init__(self):
-            pass
-
-        @remote_function(dispatch="all", collect="none")
-        def ok(self):
-            print("worker output")
-            return 1
-
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    initialize("ray", groups=[DeviceGroup("g", 1, "cpu")], name="private")
-    top = twinkle_core.runtime.current_runtime().backend.connection._temp_dir
-    Echo(remote_group="g").ok()()
-    entries, secret_in, flag_in = {}, [], []
-    for root, dirs, files in os.walk(top):
-        for name in dirs + files:
-            path = os.path.join(root, name)
-            st = os.lstat(path)
-            rel = os.path.relpath(path, top)
-            entries[rel] = st.st_mode & 0o777
-            if stat.S_ISREG(st.st_mode):
-                with open(path, "rb") as f:
-                    data = f.read()
-                if b"hunter2-private" in data:
-                    secret_in.append(rel)
-                if b"flag-visible" in data:
-                    flag_in.append(rel)
-    report = {"top": top, "top_mode": os.stat(top).st_mode & 0o777, "entries": entries,
-              "secret_in": secret_in, "flag_in": flag_in}
-    shutdown()
-    report["removed"] = not os.path.exists(top)
-    print("REPORT " + json.dumps(report), flush=True)
-    """
-)
-
-
-def test_embedded_cluster_temp_dir_is_private(tmp_path):
-    report = run_reporting_script(
-        tmp_path / "private.py",
-        PRIVATE_SCRIPT,
-        env_extra={"TW_PRIVATE_SECRET": "hunter2-private", "TWINKLE_PRIVATE_FLAG": "flag-visible"},
-    )
-    # The one directory twinkle creates is its user's alone; Ray's (0777 dirs, 0644 logs, by
-    # Ray's design) lives inside it, so no other user can reach any of it.
-    assert report["top_mode"] == 0o700
-    assert report["entries"], "Ray wrote nothing under twinkle's temp dir?"
-    assert all(rel.split(os.sep)[0] == "r" for rel in report["entries"])
-    assert report["secret_in"] == []  # the scrubbed driver secret is in no file
-    assert report["removed"]
 
 
 # ----------------------------------------------------------------------- payloads
