@@ -304,15 +304,17 @@ def initialize(
         seed_everything(seed, full_determinism)
         if config.trace is not None:
             _trace.start(config.trace)  # before the backend starts: its workers record too
+        # Before the backend starts, so its own waits (placement) show on the status line.
+        _slow_calls.configure_status_line(
+            _slow_calls.status_line_wanted() and bool(backend.owns_console)
+        )
         try:
             backend.initialize(config)
         except BaseException:
             _trace.discard()
+            _slow_calls.configure_status_line(False)
             raise
         _runtime = Runtime(config, backend)
-        _slow_calls.configure_status_line(
-            _slow_calls.status_line_wanted() and bool(backend.owns_console)
-        )
         _stacks.install_signal_handler()  # SIGUSR1 dumps every stack (stacks.py)
         # Registered after the backend started so it runs before the backend's own exit hooks
         # (atexit is last-in, first-out): unobserved failures are still reported and alerts

@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import time
 from typing import Any
 
 import ray
+
+from twinkle_core.plugin import waiting_for
 
 log = logging.getLogger("twinkle.ray.placement")
 
@@ -108,7 +111,24 @@ def wait_for_placement(
     `ray.wait` does.
     """
     describe_ref = descriptions(manager, ready_refs)
-    step = interval() if every is None else every
+    # Each description starts "group 'a': ..." or "groups 'a', 'b': ...".
+    names = sorted(
+        {g for text in describe_ref.values() for g in _GROUP.findall(text.split(":")[0])}
+    )
+    # On a terminal, the status line shows it too (it logs nothing itself: the lines below do).
+    with waiting_for(
+        f"placement of {', '.join(names) or 'the groups'} (placement_timeout={timeout:g} s)",
+        log=False,
+    ):
+        return _wait(ready_refs, describe_ref, timeout, interval() if every is None else every)
+
+
+_GROUP = re.compile(r"'[^']*'")
+
+
+def _wait(
+    ready_refs: dict[Any, Any], describe_ref: dict[Any, str], timeout: float, step: float
+) -> tuple[list[Any], list[Any]]:
     refs = list(ready_refs)
     start = time.monotonic()
     deadline = start + timeout
