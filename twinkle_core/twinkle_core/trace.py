@@ -136,36 +136,19 @@ class Recorder:
         args: dict[str, Any] = {"call": call, "group": group}
         if nbytes is not None:
             args["bytes"] = nbytes
-        next(self._recorded)
-        self.driver.append(
-            (
-                "dispatch",
-                method,
-                group,
-                call,
-                threading.current_thread().name,
-                start_ns,
-                now_ns(),
-                args,
-                self.label,
-            )
-        )
+        self._driver_span("dispatch", method, group, call, start_ns, args)
 
     def collect_span(self, call: int, start_ns: int, method: str, group: str) -> None:
         """The driver waited for and collected the call from `start_ns` until now."""
+        self._driver_span("collect", method, group, call, start_ns, {"call": call, "group": group})
+
+    def _driver_span(
+        self, kind: str, method: str, group: str, call: int, start_ns: int, args: dict
+    ) -> None:
         next(self._recorded)
+        thread = threading.current_thread().name
         self.driver.append(
-            (
-                "collect",
-                method,
-                group,
-                call,
-                threading.current_thread().name,
-                start_ns,
-                now_ns(),
-                {"call": call, "group": group},
-                self.label,
-            )
+            (kind, method, group, call, thread, start_ns, now_ns(), args, self.label)
         )
 
     # ------------------------------------------------------------------ worker side
