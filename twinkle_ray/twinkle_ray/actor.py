@@ -182,7 +182,8 @@ class TwinkleActor:
             WRITE_GUARD.finish(seen, f"{self._tw_boot.class_name}.{method}")
         if not _tensors_registered:
             self._maybe_register_tensors()
-        return pack_result(value)
+        transport = _transport(type(self._tw_instance), method)
+        return pack_result(value, transport, f"{self._tw_boot.class_name}.{method}")
 
     def _tw_call(self, method: str, has_remote: bool, /, *args: Any, **kwargs: Any) -> Any:
         """Any method by name; `has_remote` when the arguments hold remote placeholders
@@ -224,6 +225,20 @@ def _writable_args(cls: type, method: str) -> bool:
     if hit is None:
         spec = getattr(getattr(cls, method, None), "__twinkle_remote_function__", None)
         hit = _writable[key] = bool(getattr(spec, "writable_args", False))
+    return hit
+
+
+#: (class, method) -> the method's `@remote_function(transport=...)`.
+_transports: dict[tuple[type, str], str] = {}
+
+
+def _transport(cls: type, method: str) -> str:
+    """The transport `method` declared (`auto` when it declared none)."""
+    key = (cls, method)
+    hit = _transports.get(key)
+    if hit is None:
+        spec = getattr(getattr(cls, method, None), "__twinkle_remote_function__", None)
+        hit = _transports[key] = str(getattr(spec, "transport", "auto"))
     return hit
 
 

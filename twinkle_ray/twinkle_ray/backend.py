@@ -31,6 +31,7 @@ from twinkle_core.plugin import (
 )
 
 from . import collective as ray_collective
+from . import transports
 from .actor import ActorBoot, actor_class_for
 from .cluster import ClusterConnection
 from .envvars import passthrough_patterns, select
@@ -145,6 +146,7 @@ class RayBackend(ExecutionBackend):
         groups, self.worker_groups = self.worker_groups, []
         collectives, self.collectives = self.collectives, {}
         if ray.is_initialized():
+            transports.GROUPS.leave_all()
             for name, handles in collectives.items():
                 for handle in handles:  # queued behind running calls; the kill below ends them
                     try:
@@ -224,6 +226,7 @@ class RayBackend(ExecutionBackend):
                 # bounded by placement_timeout; the user's constructor keeps start_timeout.
                 resources.check_standing(group.name, slots)
                 hello_timeout = min(timeout, opts.placement_timeout)
+            workers.tag = f"{group.name}:{cls.__name__}:{instance}.{generation}"
             workers.handles = self._spawn(hosting, cls, group, slots, f"{instance}.{generation}")
             try:
                 self._start(workers, slots, cls, args, kwargs, config, timeout, hello_timeout)

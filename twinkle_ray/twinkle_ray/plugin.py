@@ -12,3 +12,10 @@ from twinkle_core import hookimpl
 @hookimpl
 def register_backends(register) -> None:
     register("ray", "twinkle_ray.backend:RayBackend")
+
+
+@hookimpl
+def register_transports(register) -> None:
+    """Device-direct transports carried by the Ray backend (`twinkle_ray.transports`)."""
+    register("gloo", "twinkle_ray.transports:GlooTransport")
+    register("nccl", "twinkle_ray.transports:NcclTransport")

@@ -260,14 +260,16 @@ class Stored:
     the envelope or the ref) does.
     """
 
-    __slots__ = ("meta", "ref")
+    __slots__ = ("meta", "ref", "why")
 
-    def __init__(self, meta: ResultMeta, ref: Any) -> None:
+    def __init__(self, meta: ResultMeta, ref: Any, why: str | None = None) -> None:
         self.meta = meta
         self.ref = ref
+        #: Why the method's named transport (or `auto`'s device-direct path) was not used.
+        self.why = why
 
     def __reduce__(self):
-        return (Stored, (self.meta, self.ref))
+        return (Stored, (self.meta, self.ref, self.why))
 
     def __repr__(self) -> str:
         return f"<Stored {self.meta.kind} len={self.meta.length}>"
@@ -320,23 +322,46 @@ def _container_bytes(value: Any, budget: list[int]) -> int:
     return total
 
 
-def pack_result(value: Any) -> Any:
-    """What a worker returns for `value`: the value itself, or a `Stored` envelope."""
-    if is_large(value):
-        return Stored(result_meta(value), ray.put(value))
-    return value
+def pack_result(value: Any, transport: str = "object_store", method: str = "") -> Any:
+    """What a worker returns for `value`: the value itself, a `Stored` envelope, or (a large
+    tensor result whose `transport` a device-direct path serves) a `Held` one (transports.py)."""
+    if not is_large(value):
+        return value
+    why = None
+    if transport != "object_store":
+        from .transports import decide, hold
+
+        chosen, skeleton, tensors, why = decide(transport, value, method)
+        if chosen != "object_store":
+            return hold(value, chosen, skeleton, tensors, result_meta(value))
+    return Stored(result_meta(value), ray.put(value), why)
+
+
+def is_envelope(value: Any) -> bool:
+    """Whether a reply stands for a result kept elsewhere (`Stored` or `Held`)."""
+    return type(value) is Stored or type(value).__name__ == "Held"
+
+
+def opened_ref(value: Any) -> Any:
+    """A ref to the result an envelope stands for (a held one is put in the object store by
+    its holder)."""
+    if type(value) is Stored:
+        return value.ref
+    from .transports import fetch_ref
+
+    return fetch_ref(value)
 
 
 def unpack(value: Any) -> Any:
-    """The result itself, fetching it when `value` is a `Stored` envelope."""
-    if type(value) is Stored:
-        return ray.get(value.ref)
+    """The result itself, fetching it when `value` is an envelope."""
+    if is_envelope(value):
+        return ray.get(opened_ref(value))
     return value
 
 
 def meta_of(value: Any) -> ResultMeta:
     """The metadata of a fetched reply: the envelope's, or computed from a small value."""
-    if type(value) is Stored:
+    if is_envelope(value):
         return value.meta
     return result_meta(value)
 
@@ -630,6 +655,12 @@ def _fetch_map(refs: list) -> dict:
 def _fetch_all(refs: list) -> list[Any]:
     """The results behind `refs` (task replies), envelopes opened with one more `ray.get`."""
     values = ray.get(refs)
+    held = [i for i, v in enumerate(values) if is_envelope(v) and type(v) is not Stored]
+    if held:
+        from .transports import receive
+
+        for i in held:  # in the order the driver queued their sends (transports.py)
+            values[i] = receive(values[i])
     stored = [i for i, v in enumerate(values) if type(v) is Stored]
     if stored:
         for i, inner in zip(stored, ray.get([values[i].ref for i in stored]), strict=True):

@@ -59,11 +59,14 @@ from .transfer import (
     ResultMeta,
     Stored,
     has_unknown,
+    is_envelope,
     meta_of,
     mirror,
+    opened_ref,
     register_tensor_serializer,
     tree_of,
 )
+from .transports import Held, before_submit, held_replies, note, track
 
 #: Ray errors that mean the worker process (or its node) is gone, not that user code raised.
 DEATH_ERRORS: tuple[type[BaseException], ...] = (
@@ -300,8 +303,22 @@ class RayPendingCall(PendingCall):
             self._raise_failures()
         except Exception:
             self._raise_failures()
+        self.received(replies)
         self._replies = replies
         return replies
+
+    def received(self, replies: list[Any]) -> None:
+        """Note envelopes' transport fallbacks (once per method and reason) and have held
+        results dropped when this call is garbage."""
+        held = False
+        for reply in replies:
+            kind = type(reply)
+            if kind is Stored and reply.why:
+                note(f"{self.workers.class_name}.{self.method}", reply.why)
+            elif kind is Held:
+                held = True
+        if held:
+            track(self, replies)
 
     def _failed_among_finished(self) -> bool:
         for i in self._finished():
@@ -315,11 +332,11 @@ class RayPendingCall(PendingCall):
 
     def _open(self, replies: list[Any], deadline: float | None) -> list[Any]:
         """The results, envelopes of large ones opened (one more `ray.get` for all of them)."""
-        stored = [i for i, reply in enumerate(replies) if type(reply) is Stored]
+        stored = [i for i, reply in enumerate(replies) if is_envelope(reply)]
         if not stored:
             return replies
         values = list(replies)
-        refs = [replies[i].ref for i in stored]
+        refs = [opened_ref(replies[i]) for i in stored]
         timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
         try:
             inner = ray.get(refs, timeout=timeout)
@@ -471,6 +488,8 @@ class RayWorkerGroup(WorkerGroup):
         #: appended by completion callbacks): fetched together by `fetch_finished`.
         self.finished: collections.deque = collections.deque()
         self.handles = handles
+        #: This generation's `TWINKLE_WORKER_GROUP` (names its transport groups).
+        self.tag = ""
 
     @property
     def handles(self) -> list[Any]:
@@ -523,6 +542,7 @@ class RayWorkerGroup(WorkerGroup):
         for pending in calls:
             stop = start + len(pending.value_refs)
             if pending._replies is None:
+                pending.received(replies[start:stop])
                 pending._replies = replies[start:stop]
             start = stop
 
@@ -633,6 +653,11 @@ class RayWorkerGroup(WorkerGroup):
                 ],
             )
         register_tensor_serializer()
+        held = getattr(self._local, "held", None)
+        if held:
+            self._local.held = None
+            if has_remote:
+                before_submit(self, calls, held)  # queues the producers' sends first
         if any(c.args or c.kwargs for c in calls):
             # Arguments Ray would ship wrongly (an open file, a lock) are refused before
             # anything is sent, and one that does not pickle is named without its value.
@@ -689,6 +714,11 @@ class RayWorkerGroup(WorkerGroup):
         if placeholder is None:
             return value()
         self._local.placeholders = True
+        held = held_replies(pending.value_refs, replies)
+        if held:
+            mine = getattr(self._local, "held", None) or {}
+            mine.update({ref: (h, pending.workers) for ref, h in held.items()})
+            self._local.held = mine
         return placeholder
 
 
@@ -752,13 +782,15 @@ def build_placeholder(
         slots: list[Any] = [None] * len(replies)
         for i in used:
             reply = replies[i]
-            slots[i] = reply.ref if type(reply) is Stored else refs[i]
+            slots[i] = reply.ref if type(reply) is Stored else refs[i]  # Held: the reply
         return RemoteCollected(slots, collector, mesh)
     mirrors: list[Any] = [None] * len(replies)
     for i in used:
         reply = replies[i]
         if type(reply) is Stored:
             tree, ref = reply.meta.tree, reply.ref  # the stored result itself: one hop less
+        elif type(reply) is Held:
+            tree, ref = reply.meta.tree, refs[i]  # the consumer receives it (transports.py)
         else:
             tree, ref = tree_of(reply), refs[i]
         if has_unknown(tree):

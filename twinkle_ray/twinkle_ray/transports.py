@@ -1,0 +1,532 @@
+"""Device-direct transports on Ray: large tensor results sent worker to worker over a
+torch.distributed group twinkle creates between the producing and the consuming group.
+
+`@remote_function(transport=...)` (core's `twinkle_core.transport`) names how a method's large
+results travel. Built in here (registered by `plugin.py`):
+
+- `gloo`: CPU tensors over a gloo group. `auto` never picks it (on one node the object store
+  hands CPU tensors over as zero-copy views, faster than gloo's TCP), so it is used when named.
+- `nccl`: CUDA tensors over an NCCL group; `auto` picks it for CUDA results of at least
+  `Transport.min_bytes` when CUDA and NCCL are available in the producing worker.
+
+How a result travels (no driver in the data path, and no Ray Direct Transport: see
+docs/data.md, "Transports", for why):
+
+1. The producing worker decides with the real result in hand (`hold`): a tensor, or dicts,
+   lists and tuples of tensors on one device type, large enough for `STORE_BYTES`, whose
+   chosen transport is one of these. It keeps the tensors (`_OUTBOX`, no copy) and replies
+   with a small `Held` envelope (structure, shapes, dtypes, its own actor handle). Anything
+   else goes to the object store as before, and the envelope says why when a named transport
+   could not be used; the driver logs that once per method and reason.
+2. When the driver submits a consuming call whose arguments stand for held results
+   (`before_submit`), it makes sure a transport group over the producer's and the consumer's
+   actors exists (created on first use with `collective.create`, ranks producer first, left at
+   shutdown), then queues one `send_held` on each producer actor a consumer worker needs, right
+   before the consumer's own task. Ray keeps one caller's order per actor, so the send runs
+   before any later call of the producer: the receiver gets the tensors as they were then.
+3. The consumer's worker (`receive`) takes a status word and then every tensor from the
+   producer's rank, in the order the driver queued the sends (both walk the arguments alike).
+
+Whoever else needs a held result (the driver calling the LazyCollect, a worker outside a
+transport group) gets it through the object store from the producer (`give_held`): a transport
+never fails where the object store would have worked. A held result lives until the driver's
+last reference to its call is gone (`track`), or until shutdown.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import uuid
+import weakref
+from collections.abc import Iterable
+from typing import Any, ClassVar
+
+import ray
+
+from twinkle_core import get_worker_context
+from twinkle_core.plugin import (
+    CollectiveGroup,
+    CollectiveMember,
+    Transport,
+    choose_transport,
+    get_plugin,
+    registered_names,
+)
+
+log = logging.getLogger("twinkle")
+
+AUTO = "auto"
+OBJECT_STORE = "object_store"
+#: Seconds a transport group's members wait for each other (joining, and each send/recv).
+GROUP_TIMEOUT_S = 300.0
+
+
+# ----------------------------------------------------------------------- the transports
+class TorchTransport(Transport):
+    """A transport carried by point-to-point sends over a torch.distributed group of the
+    producer's and the consumer's actors (`backend`: the torch.distributed backend)."""
+
+    modes: ClassVar[tuple[str, ...]] = ("ray",)
+    backend: ClassVar[str] = ""
+
+    @classmethod
+    def receive_device(cls) -> str:
+        """Where received tensors are allocated."""
+        return "cpu"
+
+
+class GlooTransport(TorchTransport):
+    """CPU tensors over gloo. Only when named: `auto` keeps CPU tensors on the object store."""
+
+    device_types: ClassVar[tuple[str, ...]] = ("cpu",)
+    backend: ClassVar[str] = "gloo"
+    #: Never chosen by `auto` (a payload this large does not exist).
+    min_bytes: ClassVar[int] = 1 << 62
+
+    @classmethod
+    def is_available(cls) -> bool:
+        try:
+            import torch.distributed as dist
+
+            return bool(dist.is_available() and dist.is_gloo_available())
+        except Exception:
+            return False
+
+
+def cuda_probe() -> bool:
+    """Whether this process can send CUDA tensors over NCCL (the one hardware probe)."""
+    try:
+        import torch
+        import torch.distributed as dist
+
+        return bool(torch.cuda.is_available() and dist.is_nccl_available())
+    except Exception:
+        return False
+
+
+class NcclTransport(TorchTransport):
+    """CUDA tensors over NCCL; `auto` picks it for large CUDA results."""
+
+    device_types: ClassVar[tuple[str, ...]] = ("cuda",)
+    backend: ClassVar[str] = "nccl"
+
+    @classmethod
+    def is_available(cls) -> bool:
+        return sys.modules[__name__].cuda_probe()
+
+    @classmethod
+    def receive_device(cls) -> str:
+        import torch
+
+        return f"cuda:{torch.cuda.current_device()}"
+
+
+BUILTIN = {"gloo": GlooTransport, "nccl": NcclTransport}
+
+
+def registered() -> dict[str, type[Transport]]:
+    """Every registered transport by name (loaded), in registration order."""
+    out: dict[str, type[Transport]] = {}
+    for name in registered_names("transports"):
+        try:
+            out[name] = get_plugin("transports", name)
+        except Exception as exc:  # a broken plugin must not stop a result from travelling
+            log.debug("twinkle: transport %r could not be loaded: %s", name, exc)
+    return out
+
+
+# ----------------------------------------------------------------------- producer side
+class _Slot:
+    """Where tensor `index` of a held result goes back in."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+    def __reduce__(self):
+        return (_Slot, (self.index,))
+
+
+class Held:
+    """A large tensor result kept by the worker that made it, to be sent by `transport`.
+
+    `skeleton` is the result with each tensor replaced by a `_Slot`; `specs` the tensors'
+    (shape, dtype) in slot order; `holder` the producer's actor handle and `rank` its worker
+    rank (its rank in every transport group it is in, whose producer side comes first).
+    """
+
+    __slots__ = ("group_tag", "holder", "key", "meta", "rank", "skeleton", "specs", "transport")
+
+    def __init__(
+        self,
+        meta: Any,
+        transport: str,
+        key: str,
+        holder: Any,
+        rank: int,
+        group_tag: str,
+        skeleton: Any,
+        specs: tuple[tuple[tuple[int, ...], str], ...],
+    ) -> None:
+        self.meta = meta
+        self.transport = transport
+        self.key = key
+        self.holder = holder
+        self.rank = rank
+        self.group_tag = group_tag
+        self.skeleton = skeleton
+        self.specs = specs
+
+    def __reduce__(self):
+        return (
+            Held,
+            (
+                self.meta,
+                self.transport,
+                self.key,
+                self.holder,
+                self.rank,
+                self.group_tag,
+                self.skeleton,
+                self.specs,
+            ),
+        )
+
+    def __repr__(self) -> str:
+        return f"<Held by rank {self.rank} for {self.transport!r}, {len(self.specs)} tensors>"
+
+
+#: key -> the tensors of a held result, in slot order (in the producing actor's process).
+_OUTBOX: dict[str, list[Any]] = {}
+_outbox_lock = threading.Lock()
+
+
+def _is_tensor(value: Any) -> bool:
+    return type(value).__module__.split(".", 1)[0] == "torch" and hasattr(value, "element_size")
+
+
+def _split(value: Any, tensors: list[Any]) -> Any:
+    """`value` with every tensor replaced by a `_Slot` (appended to `tensors`); raises
+    `_NotTensors` for arrays and containers a skeleton cannot stand for."""
+    kind = type(value)
+    if kind is dict:
+        return {k: _split(v, tensors) for k, v in value.items()}
+    if kind is list or kind is tuple:
+        return kind(_split(v, tensors) for v in value)
+    if _is_tensor(value):
+        tensors.append(value)
+        return _Slot(len(tensors) - 1)
+    if kind in (type(None), bool, int, float, str) or (kind is bytes and len(value) < 1024):
+        return value
+    raise _NotTensors
+
+
+class _NotTensors(Exception):
+    pass
+
+
+def _fill(skeleton: Any, tensors: list[Any]) -> Any:
+    kind = type(skeleton)
+    if kind is _Slot:
+        return tensors[skeleton.index]
+    if kind is dict:
+        return {k: _fill(v, tensors) for k, v in skeleton.items()}
+    if kind is list or kind is tuple:
+        return kind(_fill(v, tensors) for v in skeleton)
+    return skeleton
+
+
+def decide(requested: str, value: Any, method: str) -> tuple[str, Any, list[Any], str | None]:
+    """(transport, skeleton, tensors, why not) for a large result `value` of `method`.
+
+    The transport is `object_store` or a registered `TorchTransport`; `why not` says why a
+    named transport (or a large device result under `auto`) stays on the object store.
+    """
+    if requested == OBJECT_STORE:
+        return OBJECT_STORE, None, [], None
+    tensors: list[Any] = []
+    try:
+        skeleton = _split(value, tensors)
+    except _NotTensors:
+        skeleton = None
+    if skeleton is None or not tensors:
+        why = None
+        if requested != AUTO:
+            why = (
+                f"transport {requested!r} moves torch tensors (alone or in dicts, lists and "
+                "tuples of them); this result holds other values"
+            )
+        return OBJECT_STORE, None, [], why
+    devices = {t.device.type for t in tensors}
+    if len(devices) > 1:
+        return OBJECT_STORE, None, [], f"the result holds tensors on {sorted(devices)}"
+    device = devices.pop()
+    nbytes = sum(int(t.numel()) * int(t.element_size()) for t in tensors)
+    transports = registered()
+    chosen = choose_transport(requested, nbytes, device, "ray", transports, method=method)
+    if chosen == OBJECT_STORE:
+        why = None
+        if requested != AUTO:
+            why = f"transport {requested!r} cannot move {device} tensors in mode 'ray'"
+        elif device != "cpu" and nbytes >= Transport.min_bytes:
+            why = f"no device-direct transport for {device} in mode 'ray'"
+        return OBJECT_STORE, None, [], why
+    if not issubclass(transports[chosen], TorchTransport):
+        return OBJECT_STORE, None, [], f"transport {chosen!r} is not one the Ray backend carries"
+    return chosen, skeleton, tensors, None
+
+
+def hold(value: Any, transport: str, skeleton: Any, tensors: list[Any], meta: Any) -> Held:
+    """Keep `tensors` here (no copy) and describe them for the driver and the consumers."""
+    key = uuid.uuid4().hex
+    with _outbox_lock:
+        _OUTBOX[key] = [t.detach() for t in tensors]
+    ctx = get_worker_context()
+    specs = tuple((tuple(int(n) for n in t.shape), str(t.dtype).split(".")[-1]) for t in tensors)
+    return Held(
+        meta,
+        transport,
+        key,
+        ray.get_runtime_context().current_actor,
+        ctx.rank if ctx is not None else 0,
+        os.environ.get("TWINKLE_WORKER_GROUP", ""),
+        skeleton,
+        specs,
+    )
+
+
+def _taken(key: str) -> list[Any]:
+    with _outbox_lock:
+        tensors = _OUTBOX.get(key)
+    if tensors is None:
+        raise RuntimeError(
+            f"twinkle: held result {key[:8]} is no longer held by this worker (the driver "
+            "dropped every reference to its call, or the worker was restarted)"
+        )
+    return tensors
+
+
+def give_held(key: str, skeleton: Any) -> Any:
+    """Run in the producer: a held result itself, to travel through the object store."""
+    return _fill(skeleton, _taken(key))
+
+
+def send_held(key: str, group: str, dst: int) -> bool:
+    """Run in the producer: send a held result's tensors to rank `dst` of transport group
+    `group` (a status word first, so a result no longer held fails the receiver at once)."""
+    import torch
+    import torch.distributed as dist
+
+    ctx = get_worker_context()
+    member = None if ctx is None else ctx.collectives.get(group)
+    if member is None:
+        raise RuntimeError(f"twinkle: this worker is not in transport group {group!r}")
+    pg = member.process_group
+    with _outbox_lock:
+        tensors = _OUTBOX.get(key)
+    device = tensors[0].device if tensors else "cpu"
+    status = torch.tensor([1 if tensors is not None else 0], device=device)
+    dist.send(status, group_dst=dst, group=pg)
+    _taken(key)  # raises (here too) when it is gone
+    for t in tensors or ():
+        dist.send(t if t.is_contiguous() else t.contiguous(), group_dst=dst, group=pg)
+    return True
+
+
+def drop_held(keys: list[str]) -> int:
+    """Run in the producer: forget held results nobody can ask for any more."""
+    with _outbox_lock:
+        return sum(_OUTBOX.pop(k, None) is not None for k in keys)
+
+
+def held_count() -> int:
+    """Run in a worker: how many results it holds (for tests)."""
+    return len(_OUTBOX)
+
+
+# ----------------------------------------------------------------------- consumer side
+def group_name(backend: str, producer_tag: str, consumer_tag: str) -> str:
+    """The transport group between two worker groups (tags: `TWINKLE_WORKER_GROUP`)."""
+    return f"_tw_transport/{backend}/{producer_tag}/{consumer_tag}"
+
+
+def receive(held: Held) -> Any:
+    """Run in a consumer: the held result, over the transport group the driver set up for
+    this pair of groups, else (no such group: the driver, another worker) through the object
+    store from its holder."""
+    with _outbox_lock:
+        local = _OUTBOX.get(held.key)
+    if local is not None:  # this worker made it
+        return _fill(held.skeleton, local)
+    cls = BUILTIN.get(held.transport) or registered().get(held.transport)
+    ctx = get_worker_context()
+    name = group_name(
+        getattr(cls, "backend", "?"), held.group_tag, os.environ.get("TWINKLE_WORKER_GROUP", "")
+    )
+    member = None if ctx is None else ctx.collectives.get(name)
+    if member is None or not isinstance(cls, type) or not issubclass(cls, TorchTransport):
+        return ray.get(fetch_ref(held))
+    import torch
+    import torch.distributed as dist
+
+    pg = member.process_group
+    device = cls.receive_device()
+    status = torch.zeros(1, dtype=torch.int64, device=device)
+    dist.recv(status, group_src=held.rank, group=pg)
+    if int(status.item()) != 1:
+        raise RuntimeError(
+            f"twinkle: rank {held.rank} of {held.group_tag!r} no longer holds the result this "
+            "call was given (the driver dropped every reference to its call)"
+        )
+    tensors = []
+    for shape, dtype in held.specs:
+        t = torch.empty(shape, dtype=getattr(torch, dtype), device=device)
+        dist.recv(t, group_src=held.rank, group=pg)
+        tensors.append(t)
+    return _fill(held.skeleton, tensors)
+
+
+def fetch_ref(held: Held) -> Any:
+    """A ref to the held result itself, put in the object store by its holder."""
+    return held.holder._tw_apply.remote(give_held, held.key, held.skeleton)
+
+
+# ----------------------------------------------------------------------- driver side
+class _Groups:
+    """The transport groups of this driver: name -> member actor handles."""
+
+    def __init__(self) -> None:
+        self.members: dict[str, list[Any]] = {}
+        self.failed: set[str] = set()
+        self.lock = threading.Lock()
+
+    def ensure(self, backend: str, producer: Any, consumer: Any) -> str | None:
+        """The name of the transport group over `producer`'s then `consumer`'s actors (both
+        RayWorkerGroups), created on first use; None when it cannot be made (logged once)."""
+        from . import collective as ray_collective
+
+        name = group_name(backend, producer.tag, consumer.tag)
+        with self.lock:
+            if name in self.members:
+                return name
+            if name in self.failed:
+                return None
+            members = tuple(
+                CollectiveMember(w.group.name, w.class_name, r)
+                for w in (producer, consumer)
+                for r in range(w.size)
+            )
+            spec = CollectiveGroup(
+                name,
+                backend,
+                members,
+                "ray",
+                GROUP_TIMEOUT_S,
+                tuple(
+                    (w.group.name, w.class_name, first, w.size)
+                    for w, first in ((producer, 0), (consumer, producer.size))
+                ),
+            )
+            try:
+                self.members[name] = ray_collective.create(spec, [producer, consumer])
+            except Exception as exc:
+                self.failed.add(name)
+                log.warning(
+                    "twinkle: transport group %s could not be created (%s: %s); results "
+                    "between these groups use the object store",
+                    name,
+                    type(exc).__name__,
+                    exc,
+                )
+                return None
+            return name
+
+    def leave_all(self) -> list[str]:
+        """Every member leaves its transport groups (queued behind running calls); the names."""
+        from . import collective as ray_collective
+
+        with self.lock:
+            members, self.members = self.members, {}
+            self.failed = set()
+        for name, handles in members.items():
+            for handle in handles:
+                try:
+                    handle._tw_apply.remote(ray_collective.leave, name)
+                except Exception:
+                    pass
+        return list(members)
+
+    def names(self) -> list[str]:
+        with self.lock:
+            return list(self.members)
+
+
+GROUPS = _Groups()
+
+
+def before_submit(consumer: Any, calls: list[Any], held: dict[Any, tuple[Held, Any]]) -> None:
+    """Queue the sends of held results the consumer's `calls` stand for (see the module doc).
+
+    `held` maps a producer's reply ref to its `Held` envelope and producer RayWorkerGroup.
+    """
+    from .transfer import _placeholders
+
+    for call in calls:
+        found: list[Any] = []
+        _placeholders((call.args, call.kwargs), found)
+        refs = dict.fromkeys(ref for p in found for ref in p.refs())
+        for ref in refs:
+            hit = held.get(ref)
+            if hit is None:
+                continue
+            envelope, producer = hit
+            if producer is consumer:
+                continue  # a group handing to itself: the consumer fetches it from its holder
+            cls = BUILTIN.get(envelope.transport) or registered().get(envelope.transport)
+            backend = getattr(cls, "backend", "")
+            name = GROUPS.ensure(backend, producer, consumer) if backend else None
+            if name is None:
+                continue
+            dst = producer.size + call.rank
+            producer.handles[envelope.rank]._tw_apply.remote(send_held, envelope.key, name, dst)
+
+
+def held_replies(refs: list[Any], replies: Iterable[Any]) -> dict[Any, Held]:
+    """{reply ref: Held} for the replies that are `Held` envelopes."""
+    return {ref: r for ref, r in zip(refs, replies, strict=True) if type(r) is Held}
+
+
+def track(pending: Any, replies: list[Any]) -> None:
+    """When `pending` (a driver-side call) is garbage, its held results are dropped."""
+    keys: dict[Any, list[str]] = {}
+    for reply in replies:
+        if type(reply) is Held:
+            keys.setdefault(reply.holder, []).append(reply.key)
+    if keys:
+        weakref.finalize(pending, _drop, keys)
+
+
+def _drop(keys: dict[Any, list[str]]) -> None:
+    if not ray.is_initialized():
+        return
+    for holder, ks in keys.items():
+        try:
+            holder._tw_apply.remote(drop_held, ks)
+        except Exception:  # the actor or the cluster is gone
+            pass
+
+
+# ----------------------------------------------------------------------- fallback notes
+_noted: set[tuple[str, str]] = set()
+
+
+def note(method: str, why: str) -> None:
+    """One log line per (method, reason): a result that stayed on the object store."""
+    key = (method, why)
+    if key not in _noted:
+        _noted.add(key)
+        log.info("twinkle: %s: %s; using the object store", method or "a call", why)
