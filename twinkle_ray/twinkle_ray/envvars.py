@@ -121,10 +121,7 @@ def select(
         k: v
         for k, v in environ.items()
         if not _matches_any_case(k, forbidden)
-        and (
-            k in exact
-            or (any(_matches(k, p) for p in wild) and not _matches_any_case(k, never))
-        )
+        and (k in exact or (any(_matches(k, p) for p in wild) and not _matches_any_case(k, never)))
     }
 
 
