@@ -21,4 +21,5 @@ MODULES = (
     "ray_tensor",
     "ray_handoff",
     "trace_overhead",
+    "ray_transport",
 )
