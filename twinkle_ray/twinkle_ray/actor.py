@@ -213,33 +213,32 @@ class TwinkleActor:
 #: Whether this process already sends tensors as numpy buffers (checked once per call).
 _tensors_registered = False
 
-#: (class, method) -> whether the method asked for writable arguments.
-_writable: dict[tuple[type, str], bool] = {}
+#: (class, method) -> (writable_args, transport) the method declared.
+_declared: dict[tuple[type, str], tuple[bool, str]] = {}
+
+
+def _declared_options(cls: type, method: str) -> tuple[bool, str]:
+    """What `method`'s `@remote_function` declared for this actor (looked up once)."""
+    key = (cls, method)
+    hit = _declared.get(key)
+    if hit is None:
+        spec = getattr(getattr(cls, method, None), "__twinkle_remote_function__", None)
+        hit = _declared[key] = (
+            bool(getattr(spec, "writable_args", False)),
+            str(getattr(spec, "transport", "auto")),
+        )
+    return hit
 
 
 def _writable_args(cls: type, method: str) -> bool:
     """Whether `method` declared `@remote_function(writable_args=True)`: its tensor and array
     arguments then arrive as private copies instead of read-only views of the object store."""
-    key = (cls, method)
-    hit = _writable.get(key)
-    if hit is None:
-        spec = getattr(getattr(cls, method, None), "__twinkle_remote_function__", None)
-        hit = _writable[key] = bool(getattr(spec, "writable_args", False))
-    return hit
-
-
-#: (class, method) -> the method's `@remote_function(transport=...)`.
-_transports: dict[tuple[type, str], str] = {}
+    return _declared_options(cls, method)[0]
 
 
 def _transport(cls: type, method: str) -> str:
     """The transport `method` declared (`auto` when it declared none)."""
-    key = (cls, method)
-    hit = _transports.get(key)
-    if hit is None:
-        spec = getattr(getattr(cls, method, None), "__twinkle_remote_function__", None)
-        hit = _transports[key] = str(getattr(spec, "transport", "auto"))
-    return hit
+    return _declared_options(cls, method)[1]
 
 
 def _raise_portable(exc: BaseException, method: str, rank: int) -> NoReturn:

@@ -65,24 +65,39 @@ GROUP_TIMEOUT_S = 300.0
 
 
 # ----------------------------------------------------------------------- the transports
+def torch_backend(cls: Any) -> str:
+    """The torch.distributed backend that carries transport class `cls` point to point, or ""
+    when it names none (then the Ray backend cannot carry it: the object store is used).
+
+    Any registered `Transport` with a `torch_backend` class attribute (e.g. an NPU plugin's
+    `hccl`) is carried the same way as the built-in ones, without the plugin importing this one.
+    """
+    backend = getattr(cls, "torch_backend", "") if isinstance(cls, type) else ""
+    return backend if isinstance(backend, str) else ""
+
+
+def receive_device(device_type: str) -> Any:
+    """Where a consumer allocates received tensors of `device_type`: its current device."""
+    import torch
+
+    if device_type == "cpu":
+        return torch.device("cpu")
+    return torch.device(device_type, getattr(torch, device_type).current_device())
+
+
 class TorchTransport(Transport):
     """A transport carried by point-to-point sends over a torch.distributed group of the
-    producer's and the consumer's actors (`backend`: the torch.distributed backend)."""
+    producer's and the consumer's actors (`torch_backend`), on Ray."""
 
     modes: ClassVar[tuple[str, ...]] = ("ray",)
-    backend: ClassVar[str] = ""
-
-    @classmethod
-    def receive_device(cls) -> str:
-        """Where received tensors are allocated."""
-        return "cpu"
+    torch_backend: ClassVar[str] = ""
 
 
 class GlooTransport(TorchTransport):
     """CPU tensors over gloo. Only when named: `auto` keeps CPU tensors on the object store."""
 
     device_types: ClassVar[tuple[str, ...]] = ("cpu",)
-    backend: ClassVar[str] = "gloo"
+    torch_backend: ClassVar[str] = "gloo"
     #: Never chosen by `auto` (a payload this large does not exist).
     min_bytes: ClassVar[int] = 1 << 62
 
@@ -111,26 +126,32 @@ class NcclTransport(TorchTransport):
     """CUDA tensors over NCCL; `auto` picks it for large CUDA results."""
 
     device_types: ClassVar[tuple[str, ...]] = ("cuda",)
-    backend: ClassVar[str] = "nccl"
+    torch_backend: ClassVar[str] = "nccl"
 
     @classmethod
     def is_available(cls) -> bool:
         return sys.modules[__name__].cuda_probe()
 
-    @classmethod
-    def receive_device(cls) -> str:
-        import torch
-
-        return f"cuda:{torch.cuda.current_device()}"
-
 
 BUILTIN = {"gloo": GlooTransport, "nccl": NcclTransport}
 
 
+_loaded: dict[tuple[str, ...], dict[str, type[Transport]]] = {}
+
+
 def registered() -> dict[str, type[Transport]]:
-    """Every registered transport by name (loaded), in registration order."""
+    """Every registered transport by name (loaded), in registration order; loaded once per
+    set of names (a result's decision costs no plugin lookups)."""
+    names = tuple(registered_names("transports"))
+    hit = _loaded.get(names)
+    if hit is None:
+        hit = _loaded[names] = _load(names)
+    return hit
+
+
+def _load(names: tuple[str, ...]) -> dict[str, type[Transport]]:
     out: dict[str, type[Transport]] = {}
-    for name in registered_names("transports"):
+    for name in names:
         try:
             out[name] = get_plugin("transports", name)
         except Exception as exc:  # a broken plugin must not stop a result from travelling
@@ -155,11 +176,22 @@ class Held:
     """A large tensor result kept by the worker that made it, to be sent by `transport`.
 
     `skeleton` is the result with each tensor replaced by a `_Slot`; `specs` the tensors'
-    (shape, dtype) in slot order; `holder` the producer's actor handle and `rank` its worker
-    rank (its rank in every transport group it is in, whose producer side comes first).
+    (shape, dtype) in slot order, all on `device_type`; `holder` the producer's actor handle
+    and `rank` its worker rank (its rank in every transport group it is in, whose producer
+    side comes first).
     """
 
-    __slots__ = ("group_tag", "holder", "key", "meta", "rank", "skeleton", "specs", "transport")
+    __slots__ = (
+        "device_type",
+        "group_tag",
+        "holder",
+        "key",
+        "meta",
+        "rank",
+        "skeleton",
+        "specs",
+        "transport",
+    )
 
     def __init__(
         self,
@@ -171,6 +203,7 @@ class Held:
         group_tag: str,
         skeleton: Any,
         specs: tuple[tuple[tuple[int, ...], str], ...],
+        device_type: str = "cpu",
     ) -> None:
         self.meta = meta
         self.transport = transport
@@ -180,6 +213,7 @@ class Held:
         self.group_tag = group_tag
         self.skeleton = skeleton
         self.specs = specs
+        self.device_type = device_type
 
     def __reduce__(self):
         return (
@@ -193,6 +227,7 @@ class Held:
                 self.group_tag,
                 self.skeleton,
                 self.specs,
+                self.device_type,
             ),
         )
 
@@ -243,8 +278,8 @@ def _fill(skeleton: Any, tensors: list[Any]) -> Any:
 def decide(requested: str, value: Any, method: str) -> tuple[str, Any, list[Any], str | None]:
     """(transport, skeleton, tensors, why not) for a large result `value` of `method`.
 
-    The transport is `object_store` or a registered `TorchTransport`; `why not` says why a
-    named transport (or a large device result under `auto`) stays on the object store.
+    The transport is `object_store` or a registered one with a `torch_backend`; `why not`
+    says why a named transport (or a large device result under `auto`) stays on the object store.
     """
     if requested == OBJECT_STORE:
         return OBJECT_STORE, None, [], None
@@ -275,12 +310,12 @@ def decide(requested: str, value: Any, method: str) -> tuple[str, Any, list[Any]
         elif device != "cpu" and nbytes >= Transport.min_bytes:
             why = f"no device-direct transport for {device} in mode 'ray'"
         return OBJECT_STORE, None, [], why
-    if not issubclass(transports[chosen], TorchTransport):
+    if not torch_backend(transports[chosen]):
         return OBJECT_STORE, None, [], f"transport {chosen!r} is not one the Ray backend carries"
     return chosen, skeleton, tensors, None
 
 
-def hold(value: Any, transport: str, skeleton: Any, tensors: list[Any], meta: Any) -> Held:
+def hold(transport: str, skeleton: Any, tensors: list[Any], meta: Any) -> Held:
     """Keep `tensors` here (no copy) and describe them for the driver and the consumers."""
     key = uuid.uuid4().hex
     with _outbox_lock:
@@ -296,6 +331,7 @@ def hold(value: Any, transport: str, skeleton: Any, tensors: list[Any], meta: An
         os.environ.get("TWINKLE_WORKER_GROUP", ""),
         skeleton,
         specs,
+        tensors[0].device.type,
     )
 
 
@@ -362,19 +398,17 @@ def receive(held: Held) -> Any:
         local = _OUTBOX.get(held.key)
     if local is not None:  # this worker made it
         return _fill(held.skeleton, local)
-    cls = BUILTIN.get(held.transport) or registered().get(held.transport)
+    backend = torch_backend(BUILTIN.get(held.transport) or registered().get(held.transport))
     ctx = get_worker_context()
-    name = group_name(
-        getattr(cls, "backend", "?"), held.group_tag, os.environ.get("TWINKLE_WORKER_GROUP", "")
-    )
-    member = None if ctx is None else ctx.collectives.get(name)
-    if member is None or not isinstance(cls, type) or not issubclass(cls, TorchTransport):
+    name = group_name(backend, held.group_tag, os.environ.get("TWINKLE_WORKER_GROUP", ""))
+    member = None if ctx is None or not backend else ctx.collectives.get(name)
+    if member is None:
         return ray.get(fetch_ref(held))
     import torch
     import torch.distributed as dist
 
     pg = member.process_group
-    device = cls.receive_device()
+    device = receive_device(held.device_type)
     status = torch.zeros(1, dtype=torch.int64, device=device)
     dist.recv(status, group_src=held.rank, group=pg)
     if int(status.item()) != 1:
@@ -486,8 +520,9 @@ def before_submit(consumer: Any, calls: list[Any], held: dict[Any, tuple[Held, A
             envelope, producer = hit
             if producer is consumer:
                 continue  # a group handing to itself: the consumer fetches it from its holder
-            cls = BUILTIN.get(envelope.transport) or registered().get(envelope.transport)
-            backend = getattr(cls, "backend", "")
+            backend = torch_backend(
+                BUILTIN.get(envelope.transport) or registered().get(envelope.transport)
+            )
             name = GROUPS.ensure(backend, producer, consumer) if backend else None
             if name is None:
                 continue
