@@ -238,9 +238,14 @@ def _install_twinkle(session: nox.Session, *args: str, packages: tuple[str, ...]
     (Path(session.virtualenv.location) / STAMP).write_text(json.dumps(stamp, indent=1))
 
 
-def _install(session: nox.Session, *packages: str, torch: bool = False) -> None:
-    """Install the test tools and the given twinkle packages (built from the working tree)."""
+def _install(
+    session: nox.Session, *packages: str, torch: bool = False, parallel: bool = False
+) -> None:
+    """Install the test tools and the given twinkle packages (built from the working tree);
+    with `parallel`, pytest-xdist too (see PARALLEL)."""
     args = [*_groups("test")]
+    if parallel:
+        args.append(XDIST)
     if torch:
         args.append(TORCH)
         if TORCH_INDEX_URL:
@@ -275,7 +280,16 @@ def _start_report(suite: str) -> Path:
     return report
 
 
-def _pytest(session: nox.Session, report: Path, path: str) -> None:
+# The suites without Ray clusters or torchrun jobs (core, dingtalk) spend much of their time
+# waiting (subprocesses, timeouts a test expects to expire): pytest-xdist runs them on up to 4
+# worker processes, a test file per worker at a time (--dist loadfile: a module's fixtures are
+# built once). The suites that start clusters or jobs run serially: they already fill the
+# machine, and each worker would start its own cluster. `-- -n 0` runs a suite serially.
+XDIST = "pytest-xdist>=3.5"
+PARALLEL = ("--numprocesses", str(min(4, os.cpu_count() or 1)), "--dist", "loadfile")
+
+
+def _pytest(session: nox.Session, report: Path, path: str, *, parallel: bool = False) -> None:
     # The pytest script (not `python -m pytest`) keeps the repository root off sys.path, so the
     # installed packages are tested, not the source folders. pytest's exit code 5 (no tests
     # collected) fails the session like any other non-zero code.
@@ -284,6 +298,7 @@ def _pytest(session: nox.Session, report: Path, path: str) -> None:
         path,
         f"--junitxml={report}",
         "--continue-on-collection-errors",
+        *(PARALLEL if parallel else ()),
         *session.posargs,
         env=WRITE_BYTECODE,
     )
@@ -336,20 +351,20 @@ def docs(session: nox.Session) -> None:
 def core(session: nox.Session) -> None:
     """tests/core with twinkle-core installed as a user would: no torch, ray or plugins."""
     report = _start_report("core")
-    _install(session, CORE)
+    _install(session, CORE, parallel=True)
     forbid = ("torch", "ray", "twinkle_local", "twinkle_ray", "twinkle_notify_dingtalk")
     _check_env(session, ("twinkle_core", "hypothesis", "numpy"), forbid)
-    _pytest(session, report, "tests/core")
+    _pytest(session, report, "tests/core", parallel=True)
 
 
 @nox.session
 def dingtalk(session: nox.Session) -> None:
     """tests/notify_dingtalk with twinkle-core and twinkle-notify-dingtalk only."""
     report = _start_report("dingtalk")
-    _install(session, CORE, DINGTALK)
+    _install(session, CORE, DINGTALK, parallel=True)
     forbid = ("torch", "ray", "twinkle_local", "twinkle_ray")
     _check_env(session, ("twinkle_core", "twinkle_notify_dingtalk", "hypothesis"), forbid)
-    _pytest(session, report, "tests/notify_dingtalk")
+    _pytest(session, report, "tests/notify_dingtalk", parallel=True)
 
 
 @nox.session
