@@ -26,6 +26,20 @@ cannot be summed (the first call of each method also sends the structure of its 
 so every process can rebuild the value; later calls with the same structure are one
 collective).
 
+**Two processes** (the pair protocol): every exchange starts instead with one all-reduce of two
+float64 numbers, (value, check), 16 bytes that gloo sums in one step, as fast as an all-reduce
+of a single number (an all-gather of even 8 bytes costs about 1.5 times that; measured with
+`benchmarks/run.py --only 5`). A process whose call is a `sum`/`mean` and whose result, if it
+counts, is a finite python float sends its result (or -0.0, which changes no float, when its
+result does not count) and the call's *token* (a 51-bit integer from `key` and `seq`, never 0);
+any other process sends check 0. Both processes see the same sums, and t0 + t1 == 2 * t_own
+holds iff both tokens are equal and nonzero (exact: integers below 2**53), so both take the
+same decision: the call is complete (the value is r0 + r1, the collector's sum in rank order,
+as a + b == b + a for finite floats), or the slot exchange above follows as the second step
+(failures, diverging calls, ints, arrays, objects, gathering calls). Which protocol runs
+depends only on the world size, so diverging processes always run the same collectives: a
+reduce on one process and a gather on the other would hang gloo until its timeout.
+
 The first collective is started when the call is made and runs in gloo's thread; the call
 waits for it when collected (with the LazyCollect's or the method's timeout). Exchanges are
 finished strictly in the order they were started (the backend's lock and queue), so the second
