@@ -3,10 +3,12 @@ the transport groups a run made are left at its shutdown (`twinkle_ray.transport
 
 from __future__ import annotations
 
+import logging
 import sys
 
 import pytest
 import ray.cloudpickle
+import torch
 from test_transport import ROWS, Consumer, Producer
 
 from twinkle_core import (
@@ -54,3 +56,31 @@ def test_transport_groups_are_left_at_shutdown(cluster):
     finally:
         shutdown()
     assert GROUPS.names() == []
+
+
+@pytest.mark.timeout(300)
+def test_a_consumer_on_another_device_type_gets_held_results_from_their_holder(cluster, caplog):
+    """A consumer group on (fake) GPUs cannot receive over gloo: no transport group is made,
+    its workers fetch the held result from the producer through the object store, and the
+    driver says so once."""
+    initialize(
+        "ray",
+        address=cluster.address,
+        groups=[DeviceGroup("p", 1, "cpu"), DeviceGroup("gpu", [0], "cuda")],
+        name="transport-devices",
+    )
+    try:
+        producer, consumer = Producer(remote_group="p"), Consumer(remote_group="gpu")
+        with caplog.at_level(logging.INFO, logger="twinkle"):
+            for _ in range(2):
+                lazy = producer.weights_gloo(ROWS)
+                ((described, groups),) = consumer.take(lazy)(120)
+                assert type(lazy.source.pending.wait_replies(60)[0]).__name__ == "Held"
+                assert groups == [] and GROUPS.names() == []
+                assert described["step"] == 7
+                assert described["w"][3] == float(torch.arange(ROWS * 256.0).double().sum())
+        lines = [r.getMessage() for r in caplog.records if "cannot receive over" in r.getMessage()]
+        assert len(lines) == 1, lines
+        assert "Consumer (group 'gpu'): its cuda workers cannot receive over 'gloo'" in lines[0]
+    finally:
+        shutdown()

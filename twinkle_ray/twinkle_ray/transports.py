@@ -520,9 +520,15 @@ def before_submit(consumer: Any, calls: list[Any], held: dict[Any, tuple[Held, A
             envelope, producer = hit
             if producer is consumer:
                 continue  # a group handing to itself: the consumer fetches it from its holder
-            backend = torch_backend(
-                BUILTIN.get(envelope.transport) or registered().get(envelope.transport)
-            )
+            cls = BUILTIN.get(envelope.transport) or registered().get(envelope.transport)
+            backend = torch_backend(cls)
+            if backend and consumer.group.device_type not in cls.device_types:
+                note(
+                    f"{consumer.class_name} (group {consumer.group.name!r})",
+                    f"its {consumer.group.device_type} workers cannot receive over "
+                    f"{envelope.transport!r}; results reach them from their holder",
+                )
+                continue
             name = GROUPS.ensure(backend, producer, consumer) if backend else None
             if name is None:
                 continue
