@@ -10,10 +10,18 @@ from .conftest import run_job
 
 
 @pytest.fixture(scope="module")
-def traced_job(tmp_path_factory):
+def hang_job(tmp_path_factory):
+    """One job for the module: the traced run, then an untraced run whose workers hang while
+    their processes get SIGUSR1."""
     out = tmp_path_factory.mktemp("trace")
-    job = run_job("trace_job.py", out, timeout=180)
+    job = run_job("trace_job.py", out, "hang", timeout=180)
     assert job.returncode == 0, job.output[-4000:]
+    return job
+
+
+@pytest.fixture(scope="module")
+def traced_job(hang_job):
+    out = hang_job.out_dir
     return json.loads((out / "run.json").read_text()), out
 
 
@@ -98,9 +106,8 @@ def test_summary_of_the_merged_trace(traced_job, tmp_path):
     assert {d.name for d in summary.drivers} == {"driver rank 0", "driver rank 1"}
 
 
-def test_sigusr1_makes_every_rank_dump_its_own_stacks(tmp_path):
-    job = run_job("trace_job.py", tmp_path, "hang", timeout=180)
-    assert job.returncode == 0, job.output[-4000:]
+def test_sigusr1_makes_every_rank_dump_its_own_stacks(hang_job):
+    job = hang_job
     dumps = job.output.split("twinkle: Python stacks of the driver and workers")
     assert len(dumps) == 3, job.output[-4000:]  # one per rank
     for dump in dumps[1:]:

@@ -1,8 +1,9 @@
 """A traced 2-process job with two groups; rank 0 writes the merged trace.
 
-Usage `trace_job.py OUT_DIR [hang]`: writes OUT_DIR/run.json (the trace). With `hang`, each
-rank's worker of `Stuck` sits in `time.sleep` while its process gets SIGUSR1: every rank prints
-its own stacks (to stderr).
+Usage `trace_job.py OUT_DIR [hang]`: writes OUT_DIR/run.json (the trace). With `hang`, a second,
+untraced run follows in the same processes (one job serves both tests: a torchrun job costs
+seconds): each rank's worker of `Stuck` sits in `time.sleep` while its process gets SIGUSR1:
+every rank prints its own stacks (to stderr).
 """
 
 from __future__ import annotations
@@ -61,6 +62,8 @@ for _ in range(3):
     items = producer.make(4)
     assert synced.step()() == 2.0
     assert items() == [[0, 1, 2, 3], [0, 1, 2, 3]]
+shutdown()  # writes the trace
 if len(sys.argv) > 2 and sys.argv[2] == "hang":
+    initialize("local", groups=[DeviceGroup("prod", 2)])
     Stuck(remote_group="prod").wait()()
-shutdown()
+    shutdown()
