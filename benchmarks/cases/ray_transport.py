@@ -72,7 +72,7 @@ def run(ctx: Context) -> list[Row]:
         s = result[str(mib)]
         med = {k: median(v) for k, v in s.items()}
         gbs = {k: mib / 1024 / v for k, v in med.items()}
-        note = ", ".join(f"{k} {v:.2f} GB/s" for k, v in gbs.items())
+        note = ", ".join(f"{k} {v:.2f} GiB/s" for k, v in gbs.items())
         extra = {"median_s": med, "gib_per_s": gbs, "payload_mib": mib}
         rows.append(
             Row(
