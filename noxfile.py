@@ -22,6 +22,8 @@ below (TWINKLE_IGNORE_PIP_CONFIG=1 turns that off; UV_* variables already set wi
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -185,8 +187,23 @@ def _source_hash(package: str) -> str:
     return digest.hexdigest()[:16]
 
 
+@contextlib.contextmanager
+def _wheels_lock():
+    """Held while a wheel is looked up or built: scripts/test.sh runs two nox processes at once
+    (lint and docs beside core and dingtalk), and both may want the same wheel."""
+    WHEELS.mkdir(parents=True, exist_ok=True)
+    with open(WHEELS / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def _wheel(session: nox.Session, package: str, digest: str) -> Path:
     """The package's wheel for this content: built once (`uv build`), then reused."""
+    with _wheels_lock():
+        return _build_wheel(session, package, digest)
+
+
+def _build_wheel(session: nox.Session, package: str, digest: str) -> Path:
     folder = WHEELS / f"{Path(package).name}-{digest}"
     built = sorted(folder.glob("*.whl"))
     if built:
