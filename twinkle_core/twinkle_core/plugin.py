@@ -75,12 +75,21 @@ from .runtime import RuntimeConfig
 from .seeding import get_rng_state, seed_everything, set_rng_state
 from .slow_calls import waiting_for
 from .structure import combine, is_array_like, torch_module
-from .transport import Transport, choose_transport
+from .transport import (
+    AUTO,
+    OBJECT_STORE,
+    Transport,
+    choose_transport,
+    explain_transport,
+    note_fallback,
+)
 from .worker import WorkerState, exit_error, run_method, worker_failure
 
 __all__ = [
+    "AUTO",
     "BUILTIN_COLLECTORS",
     "BUILTIN_DISPATCHERS",
+    "OBJECT_STORE",
     "AcceleratorPlatform",
     "CallFailure",
     "Collective",
@@ -124,12 +133,14 @@ __all__ = [
     "combine",
     "detect_platform",
     "exit_error",
+    "explain_transport",
     "format_remote_traceback",
     "get_platform",
     "get_plugin",
     "get_rng_state",
     "hookimpl",
     "is_array_like",
+    "note_fallback",
     "portable_exception",
     "read_options",
     "rebuilt",

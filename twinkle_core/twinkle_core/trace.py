@@ -90,6 +90,9 @@ class Recorder:
         self.links: dict[str, tuple[str, int]] = {}
         #: Offset of another process's trace clock to this one's, ns (theirs - ours).
         self.clock_offsets: dict[str, int] = {}
+        #: How far each offset may be off, ns (half the round trip it was measured over):
+        #: an event of that process may sit up to this much early or late on the driver's clock.
+        self.clock_uncertainty: dict[str, int] = {}
         #: What backends keep with the recorder (e.g. this process's measured clock offset).
         self.meta: dict[str, Any] = {}
         self.started_ns = now_ns()
@@ -191,13 +194,18 @@ class Recorder:
             "dropped": self.dropped,
         }
 
-    def merge(self, snapshot: dict[str, Any], offset_ns: int = 0) -> None:
-        """Add another process's events, its clock `offset_ns` ahead of this one's.
+    def merge(
+        self, snapshot: dict[str, Any], offset_ns: int = 0, uncertainty_ns: int | None = None
+    ) -> None:
+        """Add another process's events, its clock `offset_ns` ahead of this one's (measured
+        to within `uncertainty_ns`, when known).
 
         Merged events do not count against this process's limit (each process kept its own).
         """
         label = snapshot.get("label", "?")
         self.clock_offsets[label] = offset_ns
+        if uncertainty_ns is not None:
+            self.clock_uncertainty[label] = int(uncertainty_ns)
         self.dropped_elsewhere += int(snapshot.get("dropped", 0))
         if self.executions.maxlen is not None:
             self.executions = deque(self.executions)
@@ -470,6 +478,7 @@ def chrome_trace(rec: Recorder) -> dict[str, Any]:
             "twinkle_trace_version": 1,
             "origin_unix_ns": origin,
             "clock_offsets_ns": dict(rec.clock_offsets),
+            "clock_uncertainty_ns": dict(rec.clock_uncertainty),
             "max_events_per_process": rec.max_events,
             "dropped_events": rec.dropped,
         },

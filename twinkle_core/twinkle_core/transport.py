@@ -46,6 +46,11 @@ class Transport:
     modes: ClassVar[tuple[str, ...]] = ()
     #: Payloads smaller than this go to the object store under `auto`.
     min_bytes: ClassVar[int] = AUTO_MIN_BYTES
+    #: The torch.distributed backend that carries it point to point ("gloo", "nccl", "hccl"),
+    #: or "" when it is carried some other way (e.g. Ray Direct Transport). A backend that
+    #: builds its own process groups between groups (twinkle-ray) carries every transport that
+    #: names one, so a platform plugin registers e.g. `hccl` without knowing that backend.
+    torch_backend: ClassVar[str] = ""
 
     @classmethod
     def is_available(cls) -> bool:
@@ -107,25 +112,42 @@ def choose_transport(
     falls back to the object store like `auto` does (with one log line), since the object store
     always works.
     """
+    name, why = explain_transport(requested, nbytes, device_type, mode, registered)
+    if why is not None:
+        note_fallback(method, why)
+    return name
+
+
+def explain_transport(
+    requested: str,
+    nbytes: int,
+    device_type: str,
+    mode: str,
+    registered: dict[str, type[Transport]],
+) -> tuple[str, str | None]:
+    """`choose_transport` without logging: (the transport, why the object store was taken
+    instead, or None). For backends that decide where the payload is (a worker) and log where
+    the user looks (the driver, with `note_fallback`)."""
     if requested == OBJECT_STORE:
-        return OBJECT_STORE
+        return OBJECT_STORE, None
     if requested != AUTO:
         cls = registered.get(requested)
         if cls is not None and cls.serves(device_type, mode) and cls.is_available():
-            return requested
-        _note(method, f"transport {requested!r} cannot move {device_type} tensors in mode {mode!r}")
-        return OBJECT_STORE
+            return requested, None
+        why = f"transport {requested!r} cannot move {device_type} tensors in mode {mode!r}"
+        return OBJECT_STORE, why
     if nbytes < AUTO_MIN_BYTES:
-        return OBJECT_STORE
+        return OBJECT_STORE, None
     for name, cls in registered.items():
         if nbytes >= cls.min_bytes and cls.serves(device_type, mode) and cls.is_available():
-            return name
+            return name, None
     if device_type != "cpu":
-        _note(method, f"no device-direct transport for {device_type} in mode {mode!r}")
-    return OBJECT_STORE
+        return OBJECT_STORE, f"no device-direct transport for {device_type} in mode {mode!r}"
+    return OBJECT_STORE, None
 
 
-def _note(method: str, reason: str) -> None:
+def note_fallback(method: str, reason: str) -> None:
+    """Log once per (method, reason) that a result took the object store instead."""
     key = (method, reason)
     if key not in _logged:
         _logged.add(key)

@@ -37,6 +37,10 @@ KV_PREFIX = "twinkle/probe/"
 KV_NAMESPACE = "twinkle"
 #: Pings of the clock-offset measurement (the one with the least round trip is kept).
 CLOCK_PINGS = 5
+#: At most this many pings while none came back fast (a loaded machine).
+CLOCK_PINGS_MAX = 40
+#: A round trip this short measures the offset to within half of it: enough.
+CLOCK_GOOD_RTT_NS = 400_000
 
 
 # ------------------------------------------------------------------------- actor side
@@ -152,18 +156,25 @@ def ask(info: dict[str, Any], op: str, timeout: float) -> Any:
         return json.loads(_read_line(conn))
 
 
-def clock_offset(info: dict[str, Any], timeout: float = 5.0) -> int:
-    """The actor's trace clock minus this process's, ns (least round trip of a few pings)."""
+def clock_offset(info: dict[str, Any], timeout: float = 5.0) -> tuple[int, int]:
+    """(the actor's trace clock minus this process's, how far off that may be), ns.
+
+    The ping with the least round trip wins; its half round trip bounds the error. On a busy
+    machine a round trip can take milliseconds, so pinging goes on (up to `CLOCK_PINGS_MAX`)
+    until one comes back within `CLOCK_GOOD_RTT_NS`.
+    """
     best: tuple[int, int] | None = None
-    for _ in range(CLOCK_PINGS):
+    for i in range(CLOCK_PINGS_MAX):
         sent = tracing.now_ns()
         theirs = ask(info, "clock", timeout)["now"]
         back = tracing.now_ns()
         sample = (back - sent, theirs - (sent + back) // 2)
         if best is None or sample[0] < best[0]:
             best = sample
+        if i + 1 >= CLOCK_PINGS and best[0] <= CLOCK_GOOD_RTT_NS:
+            break
     assert best is not None
-    return best[1]
+    return best[1], (best[0] + 1) // 2
 
 
 def _actors(backend: Any, workers: Any = None) -> list[tuple[str, str]]:
@@ -200,7 +211,7 @@ def gather(rec: Any, backend: Any) -> None:
             log.warning("twinkle: could not fetch the trace events of %s: %s", who, exc)
             continue
         if snapshot is not None:
-            rec.merge(snapshot, offset)
+            rec.merge(snapshot, *offset)
 
 
 def link_ids(pending: Any) -> list[str] | None:
@@ -224,8 +235,9 @@ def link_ids(pending: Any) -> list[str] | None:
 
 #: Groups whose actors' clock offsets were measured (or are being measured), by id.
 _measured_groups: dict[int, Any] = {}
-#: Clock offset of each actor (by actor id) measured at its group's first call, ns.
-_offsets: dict[str, int] = {}
+#: (clock offset, uncertainty) of each actor (by actor id) measured at its group's first
+#: call, ns.
+_offsets: dict[str, tuple[int, int]] = {}
 
 
 def _measure_offsets(workers: Any) -> None:

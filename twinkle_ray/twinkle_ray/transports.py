@@ -48,18 +48,19 @@ import ray
 
 from twinkle_core import get_worker_context
 from twinkle_core.plugin import (
+    AUTO,
+    OBJECT_STORE,
     CollectiveGroup,
     CollectiveMember,
     Transport,
-    choose_transport,
+    explain_transport,
     get_plugin,
+    note_fallback,
     registered_names,
 )
 
 log = logging.getLogger("twinkle")
 
-AUTO = "auto"
-OBJECT_STORE = "object_store"
 #: Seconds a transport group's members wait for each other (joining, and each send/recv).
 GROUP_TIMEOUT_S = 300.0
 
@@ -90,7 +91,6 @@ class TorchTransport(Transport):
     producer's and the consumer's actors (`torch_backend`), on Ray."""
 
     modes: ClassVar[tuple[str, ...]] = ("ray",)
-    torch_backend: ClassVar[str] = ""
 
 
 class GlooTransport(TorchTransport):
@@ -302,13 +302,9 @@ def decide(requested: str, value: Any, method: str) -> tuple[str, Any, list[Any]
     device = devices.pop()
     nbytes = sum(int(t.numel()) * int(t.element_size()) for t in tensors)
     transports = registered()
-    chosen = choose_transport(requested, nbytes, device, "ray", transports, method=method)
+    # Decided here, in the worker; the driver logs `why` once (`note_fallback`).
+    chosen, why = explain_transport(requested, nbytes, device, "ray", transports)
     if chosen == OBJECT_STORE:
-        why = None
-        if requested != AUTO:
-            why = f"transport {requested!r} cannot move {device} tensors in mode 'ray'"
-        elif device != "cpu" and nbytes >= Transport.min_bytes:
-            why = f"no device-direct transport for {device} in mode 'ray'"
         return OBJECT_STORE, None, [], why
     if not torch_backend(transports[chosen]):
         return OBJECT_STORE, None, [], f"transport {chosen!r} is not one the Ray backend carries"
@@ -523,7 +519,7 @@ def before_submit(consumer: Any, calls: list[Any], held: dict[Any, tuple[Held, A
             cls = BUILTIN.get(envelope.transport) or registered().get(envelope.transport)
             backend = torch_backend(cls)
             if backend and consumer.group.device_type not in cls.device_types:
-                note(
+                note_fallback(
                     f"{consumer.class_name} (group {consumer.group.name!r})",
                     f"its {consumer.group.device_type} workers cannot receive over "
                     f"{envelope.transport!r}; results reach them from their holder",
@@ -559,15 +555,3 @@ def _drop(keys: dict[Any, list[str]]) -> None:
             holder._tw_apply.remote(drop_held, ks)
         except Exception:  # the actor or the cluster is gone
             pass
-
-
-# ----------------------------------------------------------------------- fallback notes
-_noted: set[tuple[str, str]] = set()
-
-
-def note(method: str, why: str) -> None:
-    """One log line per (method, reason): a result that stayed on the object store."""
-    key = (method, why)
-    if key not in _noted:
-        _noted.add(key)
-        log.info("twinkle: %s: %s; using the object store", method or "a call", why)

@@ -45,6 +45,7 @@ from twinkle_core.plugin import (
     add_note,
     combine,
     format_remote_traceback,
+    note_fallback,
     rebuilt,
     representatives,
 )
@@ -66,7 +67,7 @@ from .transfer import (
     register_tensor_serializer,
     tree_of,
 )
-from .transports import Held, before_submit, held_replies, note, track
+from .transports import Held, before_submit, held_replies, track
 
 #: Ray errors that mean the worker process (or its node) is gone, not that user code raised.
 DEATH_ERRORS: tuple[type[BaseException], ...] = (
@@ -314,7 +315,7 @@ class RayPendingCall(PendingCall):
         for reply in replies:
             kind = type(reply)
             if kind is Stored and reply.why:
-                note(f"{self.workers.class_name}.{self.method}", reply.why)
+                note_fallback(f"{self.workers.class_name}.{self.method}", reply.why)
             elif kind is Held:
                 held = True
         if held:
