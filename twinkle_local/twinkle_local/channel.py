@@ -97,39 +97,6 @@ class ControlChannel:
         except Exception as exc:
             raise ChannelError(f"{type(exc).__name__}: {exc}") from exc
 
-    def start_pair_sum(self, value: float, check: float) -> tuple[Any, Any]:
-        """Start summing (value, check) over the processes (two float64 numbers, one
-        all-reduce): (the tensor that will hold the sums, the collective's work object).
-
-        Between two processes gloo sends 16 bytes each way in one step, the cost of an
-        all-reduce of one number; an all-gather of any size costs about 1.5 times that.
-        """
-        import torch
-
-        numbers = torch.tensor((value, check), dtype=torch.float64)
-        if self.group is None:
-            return numbers, DoneWork()
-        try:
-            if self._direct:
-                try:  # the process group itself, as in start_gather
-                    return numbers, self.group.allreduce([numbers], self._sum_options())
-                except (AttributeError, TypeError):
-                    self._direct = False
-            import torch.distributed as dist
-
-            return numbers, dist.all_reduce(numbers, group=self.group, async_op=True)
-        except Exception as exc:
-            raise ChannelError(f"{type(exc).__name__}: {exc}") from exc
-
-    def _sum_options(self) -> Any:
-        options = getattr(self, "_sum", None)
-        if options is None:
-            import torch.distributed as dist
-
-            options = self._sum = dist.AllreduceOptions()
-            options.reduceOp = dist.ReduceOp.SUM
-        return options
-
     def all_gather_bytes(self, payload: bytes, size: int) -> list[bytes]:
         """Every process's `payload` (at most `size` bytes, agreed beforehand), in rank order;
         each padded to `size` (callers know the real lengths)."""

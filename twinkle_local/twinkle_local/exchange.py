@@ -26,20 +26,6 @@ cannot be summed (the first call of each method also sends the structure of its 
 so every process can rebuild the value; later calls with the same structure are one
 collective).
 
-**Two processes** (the pair protocol): every exchange starts instead with one all-reduce of two
-float64 numbers, (value, check), 16 bytes that gloo sums in one step, as fast as an all-reduce
-of a single number (an all-gather of even 8 bytes costs about 1.5 times that; measured with
-`benchmarks/run.py --only 5`). A process whose call is a `sum`/`mean` and whose result, if it
-counts, is a finite python float sends its result (or -0.0, which changes no float, when its
-result does not count) and the call's *token* (a 51-bit integer from `key` and `seq`, never 0);
-any other process sends check 0. Both processes see the same sums, and t0 + t1 == 2 * t_own
-holds iff both tokens are equal and nonzero (exact: integers below 2**53), so both take the
-same decision: the call is complete (the value is r0 + r1, the collector's sum in rank order,
-as a + b == b + a for finite floats), or the slot exchange above follows as the second step
-(failures, diverging calls, ints, arrays, objects, gathering calls). Which protocol runs
-depends only on the world size, so diverging processes always run the same collectives: a
-reduce on one process and a gather on the other would hang gloo until its timeout.
-
 The first collective is started when the call is made and runs in gloo's thread; the call
 waits for it when collected (with the LazyCollect's or the method's timeout). Exchanges are
 finished strictly in the order they were started (the backend's lock and queue), so the second
@@ -49,7 +35,6 @@ steps of all processes line up too.
 from __future__ import annotations
 
 import hashlib
-import math
 import pickle
 import struct
 import threading
@@ -68,8 +53,6 @@ if TYPE_CHECKING:
     from .backend import LocalBackend
 
 KIND_GATHER, KIND_REDUCE, KIND_CONSTRUCT = 1, 2, 3
-#: Bits of a call's token in the pair protocol: two tokens sum exactly in a float64.
-PAIR_CHECK_BITS = 51
 KIND_NAMES = {KIND_GATHER: "gathered", KIND_REDUCE: "all-reduced", KIND_CONSTRUCT: "construct"}
 F_FAILED, F_BIG, F_OBJECT = 1, 2, 4
 
@@ -161,11 +144,6 @@ class Exchange:
         self.payload = b""
         self.outcome: LocalPendingCall | None = None
         self._spec: Any = None
-        self._header: tuple = ()
-        #: Whether the pair protocol runs (two processes): `sums` holds (value, check).
-        self.pair = False
-        self.sums: Any = None
-        self._check = 0.0
         self._finish_lock = threading.Lock()
         #: Whether a wait for the other processes already gave up on this exchange.
         self.timed_out = False
@@ -206,54 +184,21 @@ class Exchange:
                 if not ok:  # the result cannot be sent: this worker's failure, here too
                     flags |= F_FAILED
                     self.mine = (index, False, decode(self.payload, rank, None, info.label)[1])
-        self._header = (info.kind, flags, info.ncalls, info.seq, info.key, spec_key)
-        try:
-            if channel.distributed and channel.world_size == 2:
-                self.pair = True
-                value, self._check = self._pair_numbers()
-                self.sums, self.work = channel.start_pair_sum(value, self._check)
-            else:
-                self.buffer, self.work = channel.start_gather(self._slot_bytes())
-        except ChannelError as exc:
-            self._lost(exc)
-
-    def _slot_bytes(self) -> bytearray:
-        """This process's slot: header and inline payload (kept alive until gathered)."""
-        kind, flags, ncalls, seq, key, spec_key = self._header
-        slot = slot_bytes(self.backend.channel.world_size)
+        slot = slot_bytes(channel.world_size)
         length = len(self.payload)
         if length > slot - HEADER_BYTES:
             flags |= F_BIG
         mine = bytearray(slot)
-        HEADER.pack_into(mine, 0, kind, flags, ncalls, length, seq, key, spec_key)
+        HEADER.pack_into(
+            mine, 0, info.kind, flags, info.ncalls, length, info.seq, info.key, spec_key
+        )
         if length and not flags & F_BIG:
             mine[HEADER_BYTES : HEADER_BYTES + length] = self.payload
-        self._slot = mine
-        return mine
-
-    def _pair_numbers(self) -> tuple[float, float]:
-        """(value, check) of this process for the pair protocol (see `PAIR_CHECK_BITS`).
-
-        The check is the call's token when this process can take the quick path (a `sum` or
-        `mean` whose own result, if it counts, is a finite python float), else 0. A process
-        whose result does not count adds -0.0, which leaves every float unchanged (x + -0.0
-        == x, also for x == -0.0), so the sum is exactly the collector's r0 + r1.
-        """
-        mine = self.mine
-        if self.info.kind != KIND_REDUCE or (mine is not None and not mine[1]):
-            return 0.0, 0.0
-        if mine is None or mine[0] not in self.reps:
-            return -0.0, float(self._token())
-        value = mine[2]
-        if type(value) is not float or not math.isfinite(value):
-            return 0.0, 0.0
-        return value, float(self._token())
-
-    def _token(self) -> int:
-        """The call's identity as an integer in [1, 2**PAIR_CHECK_BITS]."""
-        info = self.info
-        mixed = info.key ^ ((info.seq * 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF)
-        return (mixed & ((1 << PAIR_CHECK_BITS) - 1)) + 1
+        self._slot = mine  # alive until the collective has read it
+        try:
+            self.buffer, self.work = channel.start_gather(mine)
+        except ChannelError as exc:
+            self._lost(exc)
 
     # ----------------------------------------------------------------- state
     @property
@@ -268,8 +213,6 @@ class Exchange:
         """After `arrived()`: whether finishing needs another collective (never blocks)."""
         if self.outcome is not None:
             return False
-        if self.pair and self.buffer is None:
-            return self._pair_value() is None
         heads = self._headers()
         if not _same_call(heads, heads[self.backend.channel.rank]):
             return True
@@ -295,43 +238,12 @@ class Exchange:
             except Exception as exc:
                 return self._lost(ChannelError(f"{type(exc).__name__}: {exc}"))
             try:
-                if self.pair and self.buffer is None:
-                    value = self._pair_value()
-                    if value is not None:
-                        self.outcome = LocalPendingCall(
-                            None,
-                            reduced=value,
-                            reduce_op=self.op,
-                            mesh=self.mesh,
-                            label=self.info.label,
-                        )
-                        self.work = self.sums = None
-                        return self.outcome
-                    # Something failed, diverged or is not one float: every process saw the
-                    # same sums, so every process takes this second step.
-                    self.buffer, work = self.backend.channel.start_gather(self._slot_bytes())
-                    work.wait()
                 self.outcome = self._decide()
             except ChannelError as exc:
                 return self._lost(exc)
-            except Exception as exc:  # the second step's collective failed
-                return self._lost(ChannelError(f"{type(exc).__name__}: {exc}"))
-            self.buffer = self.data = self.work = self._slot = self.sums = None
+            self.buffer = self.data = self.work = self._slot = None
             self._heads = None
             return self.outcome
-
-    def _pair_value(self) -> Any:
-        """After the pair all-reduce: the collected value when both processes were at the
-        same call and took the quick path, else None (the slot exchange follows).
-
-        Exact: the checks are integers of at most PAIR_CHECK_BITS bits, so their sum is exact
-        in float64, and t0 + t1 == 2 * t_own holds on both processes iff t0 == t1 (tokens are
-        never 0, and 0 means "not quick")."""
-        value, check = self.sums.tolist()
-        own = self._check
-        if not own or check != 2 * own:
-            return None
-        return value / len(self.reps) if self.op == "mean" else value
 
     def _lost(self, exc: BaseException) -> LocalPendingCall:
         self.outcome = self.backend.lost_outcome(self.info, self.ranks, exc)

@@ -1,10 +1,12 @@
-"""A torchrun job for the quick path of `sum`/`mean`: usage `collect_fast_job.py OUT_DIR`.
+"""A torchrun job for the success path of calls: usage `collect_fast_job.py OUT_DIR`.
 
 Every torch.distributed collective is counted (the methods of `ProcessGroup`, which every
 `torch.distributed` collective ends in), so each section records the collectives each call ran:
 name and bytes. Each rank writes OUT_DIR/rank<r>.json with the sections:
 
-- `counts`: collect='mean' of a python float, five times (collectives per call, value);
+- `counts`: collect='mean' of a python float, five times after a first call (`first`: it
+  also sends the result's structure once), with collectives per call and value, and
+  collect='none' twice (`none_counts`);
 - `values`: sums and means that must equal the collector's `r0 + r1` (then `/ 2`) exactly,
   including -0.0, NaN, ints, a float next to an int, numpy floats, and a group of one worker;
 - `failure`: the method raises on rank 1 only: the error every rank catches, then a good call;
@@ -133,6 +135,8 @@ solo = Worker(remote_group="solo")
 report: dict = {"rank": RANK}
 
 # ----------------------------------------------------------------- counts
+# The first sum/mean of a result structure also sends the structure (exchange.py): not counted.
+report["first"] = collectives(lambda: worker.scalar()())
 report["counts"] = [collectives(lambda: worker.scalar()()) for _ in range(5)]
 report["none_counts"] = [collectives(lambda: worker.nothing()())[1] for _ in range(2)]
 
