@@ -174,6 +174,11 @@ def call_mesh(targets: list[int], workers: WorkerGroup) -> DeviceMesh:
     return DeviceMesh.from_sizes(dp_size=len(targets))
 
 
+def _wait_text(method: str, workers: WorkerGroup, call_site: Any, deadline: float | None) -> str:
+    limit = "" if deadline is None else f", timeout {deadline:g} s"
+    return f"{method} on group {workers.group.name!r} (called at {call_site}{limit})"
+
+
 def invoke(
     binding: RemoteBinding, spec: MethodSpec, args: tuple, kwargs: dict, call_site: CallSite
 ) -> Any:
@@ -241,12 +246,9 @@ def invoke(
                     f"timeout={spec.timeout:g}s (it ran for {took:.3g}s "
                     "while being submitted)"
                 )
-            if pending.done():
-                return pending.collect(collector, mesh, deadline)
-            limit = "" if deadline is None else f", timeout {deadline:g} s"
-            with _slow_calls.waiting_for(
-                f"{method} on group {workers.group.name!r} (called at {call_site}{limit})"
-            ):
+            # No `done()` check first: for some backends (Ray) asking costs more than a wait
+            # that ends at once; the description is built only if the wait is shown.
+            with _slow_calls.waiting_for(lambda: _wait_text(method, workers, call_site, deadline)):
                 return pending.collect(collector, mesh, deadline)
         except WorkersFailedError as errors:
             failure = CallFailure(

@@ -4,11 +4,12 @@ While user code waits for a call that has not finished (calling its LazyCollect,
 `await`), one watcher thread logs, every `TWINKLE_WAIT_LOG_INTERVAL` seconds (10 by default,
 the same setting as the Ray backend's placement waits), a line under `twinkle.wait` naming the
 method, its group, the driver line that made the call and how long it has been waited for.
-A call that has already finished is collected without registering anything, so fast calls
-cost nothing here; the watcher thread exists only while someone waits.
+Registering a wait costs a dict entry (its text is built only if it is shown), so fast calls
+cost next to nothing here; the watcher thread exists only while someone waits (and for one
+interval after).
 
-On a terminal the same waits also show as one live status line on stderr, redrawn every
-second once a wait has lasted a second, and erased the moment the wait ends (before user code
+On a terminal the same waits also show as one live status line on stderr, redrawn twice
+a second once a wait has lasted a second, and erased the moment the wait ends (before user code
 prints again), the way pip and cargo show progress. `TWINKLE_STATUS_LINE` chooses: `auto` (the
 default: only when stderr is a terminal and TERM is not `dumb`), `1` (always), `0` (never).
 Only the process whose backend owns the console shows it (`ExecutionBackend.owns_console`:
@@ -17,7 +18,6 @@ under torchrun every rank is a driver, and rank 0 alone draws).
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import logging
 import os
@@ -26,7 +26,7 @@ import shutil
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from typing import TextIO
 
 log = logging.getLogger("twinkle.wait")
@@ -36,8 +36,8 @@ INTERVAL_ENV = "TWINKLE_WAIT_LOG_INTERVAL"
 STATUS_ENV = "TWINKLE_STATUS_LINE"
 #: A wait shows on the status line once it has lasted this long (fast calls never flicker).
 STATUS_AFTER_S = 1.0
-#: How often the status line is redrawn.
-STATUS_TICK_S = 1.0
+#: How often the watcher looks at the waits (and redraws the status line) while any exist.
+WATCH_TICK_S = 0.5
 _CLEAR = "\r\x1b[2K"
 
 
@@ -118,52 +118,83 @@ class _Watcher:
         self._thread: threading.Thread | None = None
         self.status = _StatusLine()
 
-    def enter(self, what: str, log: bool = True) -> int:
+    # enter/leave run on every collected call, so they take no lock on their common path:
+    # one dict store or pop is atomic under the GIL, and the thread reads a copy of the dict.
+    # Only starting and stopping the thread is done under the lock.
+
+    def enter(self, what: str | Callable[[], str], log: bool = True) -> int:
         token = next(self._ids)
         now = time.monotonic()
+        self._waits[token] = [what, now, now if log else float("inf")]
+        if self._thread is None:
+            self._ensure_thread()
+        return token
+
+    def _ensure_thread(self) -> None:
         with self._lock:
-            self._waits[token] = [what, now, now if log else float("inf")]
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._run, name="twinkle-wait-log", daemon=True
                 )
                 self._thread.start()
-        return token
 
     def leave(self, token: int) -> None:
-        with self._lock:
-            self._waits.pop(token, None)
-            last = not self._waits
-        if last:
+        self._waits.pop(token, None)
+        if not self._waits:
             # Erased here, before the caller goes on and prints. The thread is not woken: it
             # stays for the rest of its tick, so a run of slow calls reuses one thread.
             self.status.clear()
 
-    def _run(self) -> None:
-        step = interval()
-        while True:
-            tick = min(step, STATUS_TICK_S) if self.status.enabled else step
-            time.sleep(tick)
-            now = time.monotonic()
+    def _stop_if_idle(self) -> bool:
+        """Stop this thread if nothing waits; a wait that arrives meanwhile keeps it."""
+        with self._lock:
+            if self._waits:
+                return False
+            self._thread = None
+        if self._waits:  # entered after the check: it saw a thread, so this one carries on
             with self._lock:
-                if not self._waits:
-                    self._thread = None  # the next wait starts a new one
-                    return
-                due = []
-                for entry in self._waits.values():
-                    if now - entry[2] >= step * 0.999:
-                        entry[2] = now
-                        due.append((entry[0], now - entry[1]))
-                shown = [(e[0], now - e[1]) for e in self._waits.values()]
-            # Written outside the lock: logging handlers and the terminal may take their own.
+                if self._thread is None:
+                    self._thread = threading.current_thread()
+                    return False
+        return True
+
+    def _run(self) -> None:
+        while True:
+            # Short ticks, and the interval read at each: a thread started under another
+            # TWINKLE_WAIT_LOG_INTERVAL (or before the status line was turned on) follows the
+            # current one within a tick.
+            step = interval()
+            time.sleep(min(step, WATCH_TICK_S))
+            now = time.monotonic()
+            waits = list(self._waits.values())  # a copy: enter/leave change the dict freely
+            if not waits and self._stop_if_idle():
+                return
+            due = []
+            for entry in waits:
+                if now - entry[2] >= step * 0.999:
+                    entry[2] = now
+                    due.append((_text(entry[0]), now - entry[1]))
+            # Written without the lock: logging handlers and the terminal may take their own.
             if due:
                 self.status.clear()
             for what, waited in due:
                 log.info("twinkle: still waiting for %s (%.0f s so far)", what, waited)
             if self.status.enabled:
-                long_ones = [w for w in shown if w[1] >= STATUS_AFTER_S]
+                long_ones = [
+                    (_text(e[0]), now - e[1]) for e in waits if now - e[1] >= STATUS_AFTER_S
+                ]
                 if long_ones:
                     self.status.show(_status_text(long_ones))
+
+
+def _text(what: str | Callable[[], str]) -> str:
+    """A wait's description; built only when it is shown (most waits end unseen)."""
+    if callable(what):
+        try:
+            return what()
+        except Exception as exc:  # a description must never break the watcher
+            return f"a call (its description failed: {exc!r})"
+    return what
 
 
 _watcher = _Watcher()
@@ -176,15 +207,26 @@ def configure_status_line(enabled: bool) -> None:
         _watcher.status.clear()
 
 
-@contextlib.contextmanager
-def waiting_for(what: str, *, log: bool = True) -> Iterator[None]:
+class waiting_for:  # lowercase: used like a function, `with waiting_for(...):`
     """Report `what` every interval while the block runs (it waits for a call).
+
+    `what` may be a function returning the text: it is called only if the wait lasts long
+    enough to be shown, so a wait that ends at once costs a dict entry and nothing else (a
+    plain class, not a generator-based context manager, as it runs on every collected call).
 
     `log=False` shows the wait on the status line only, for waits that log their own more
     detailed lines (e.g. a backend's placement wait naming free resources).
     """
-    token = _watcher.enter(what, log)
-    try:
-        yield
-    finally:
-        _watcher.leave(token)
+
+    __slots__ = ("_log", "_token", "_what")
+
+    def __init__(self, what: str | Callable[[], str], *, log: bool = True) -> None:
+        self._what = what
+        self._log = log
+        self._token = -1
+
+    def __enter__(self) -> None:
+        self._token = _watcher.enter(self._what, self._log)
+
+    def __exit__(self, *exc: object) -> None:
+        _watcher.leave(self._token)
