@@ -598,6 +598,16 @@ class LocalBackend(ExecutionBackend):
         _add_note(exc, note)
         raise exc
 
+    @property
+    def owns_console(self) -> bool:
+        """Only rank 0 draws the live status line: every process of the job is a driver
+        writing to the same terminal. Read from the environment, as core asks before
+        `initialize` has run."""
+        try:
+            return TorchrunEnv.detect().rank == 0
+        except Exception:  # an inconsistent environment: initialize() will say so
+            return False
+
     # ----------------------------------------------------------------- failures
     def claim_notification(self, key: str) -> bool:
         """One process of the whole job sends each alert: elected through the store."""
