@@ -18,9 +18,11 @@ ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers need 
 
 
 def test_pending_placement_logs_what_it_needs_and_what_is_free(
-    cluster, no_runtime, caplog, monkeypatch
+    cluster, no_runtime, caplog, capfd, monkeypatch
 ):
+    """...and shows on the live status line (forced on: stderr is pytest's capture here)."""
     monkeypatch.setenv("TWINKLE_WAIT_LOG_INTERVAL", "0.5")
+    monkeypatch.setenv("TWINKLE_STATUS_LINE", "1")
     ray.init(address=cluster.address)
     try:
         # Another job holds 3 of the 4 GPUs of each node: 8 GPUs exist, but no node has 4 free.
@@ -53,6 +55,10 @@ def test_pending_placement_logs_what_it_needs_and_what_is_free(
     free = first.split("free: ", 1)[1]
     assert len(re.findall(r"node \S+ 1 GPU", free)) == 2, first
     assert re.search(r"\(\d+ s of placement_timeout=4 s\)$", lines[-1]), lines[-1]
+    err = capfd.readouterr().err
+    shown = "\r\x1b[2Ktwinkle: waiting for placement of 'model' (placement_timeout=4 s)"
+    assert shown in err, err[-2000:]
+    assert err.rindex("\r\x1b[2K") > err.rindex(shown), "the status line was not erased"
 
 
 @remote_class()
