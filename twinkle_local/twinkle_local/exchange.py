@@ -2,9 +2,11 @@
 
 Every exchange (a remote call, or the construction of a remote object) starts with the same
 collective: an all-gather of one fixed-size *slot* per process, so every process holds every
-slot (between two processes gloo does it in one step, as fast as an all-reduce of a single
-number; an all-reduce of more than one number takes two). A slot is a 32-byte header and a
-small inline payload:
+slot. Measured with gloo between two processes on one machine: a gather of 16-512 bytes takes
+430-540 us, about 1.5x an all-reduce of one or two numbers (about 300 us), and an all-reduce of
+three or more float64s already takes two steps (500-570 us); one all-reduce cannot carry a
+call's identity as well as its value, so the gather is the one collective. A slot is a 32-byte
+header and a small inline payload:
 
     kind u8 | flags u8 | workers u16 | length u32 | seq u64 | key u64 | spec u64 | payload
 
