@@ -86,7 +86,9 @@ class LastPPCollector(Collector):
         return [results[index[r]] for r in device_mesh.pp_last_ranks()]
 
 
-def _flatten_leaf(values: list) -> list:
+def flatten_lists(values: list) -> list:
+    """`values` with every list among them joined in (one level): what `flatten` and `concat`
+    make of one leaf of every shard."""
     out: list = []
     for v in values:
         if isinstance(v, list):
@@ -104,8 +106,8 @@ class FlattenCollector(Collector):
     def collect(self, results, device_mesh):
         reps = representatives(results, device_mesh)
         if all(isinstance(r, list) for r in reps):
-            return _flatten_leaf(reps)
-        return combine(reps, _flatten_leaf)
+            return flatten_lists(reps)
+        return combine(reps, flatten_lists)
 
 
 def _sum_leaf(values: list) -> Any:
@@ -144,7 +146,7 @@ def _concat_leaf(values: list) -> Any:
     if isinstance(first, np.ndarray):
         return np.concatenate([np.atleast_1d(v) for v in values], axis=0)
     if isinstance(first, list):
-        return _flatten_leaf(values)
+        return flatten_lists(values)
     return np.asarray(values)
 
 

@@ -44,6 +44,7 @@ from .collect import (
     NoneCollector,
     SumCollector,
     as_collector,
+    flatten_lists,
     representatives,
 )
 from .collective import (
@@ -134,6 +135,7 @@ __all__ = [
     "detect_platform",
     "exit_error",
     "explain_transport",
+    "flatten_lists",
     "format_remote_traceback",
     "get_platform",
     "get_plugin",

@@ -44,6 +44,7 @@ from twinkle_core.plugin import (
     WorkersFailedError,
     add_note,
     combine,
+    flatten_lists,
     format_remote_traceback,
     note_fallback,
     rebuilt,
@@ -808,22 +809,12 @@ def build_placeholder(
         return None
 
 
-def _flatten(values: list) -> list:
-    out: list = []
-    for v in values:
-        if isinstance(v, list):
-            out.extend(v)
-        else:
-            out.append(v)
-    return out
-
-
 def _concat_placeholders(values: list) -> Any:
     """`concat` of one leaf of every shard, as core's collector does it (a leaf that is an
     array of one kind for all shards, a list, or a plain value per shard)."""
     first = values[0]
     if isinstance(first, list):
-        return _flatten(values)
+        return flatten_lists(values)
     if isinstance(first, RemoteArray) and all(
         isinstance(v, RemoteArray)
         and v.reduce is None
