@@ -38,6 +38,11 @@ from twinkle_ray.transfer import (
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
+# The module's fixture drives the whole hand-off pipeline in two modes (actor start-ups with
+# torch imports included) before the first test: about a minute on a quiet 2-core machine, and
+# over 300 s (the suite's per-test bound) with both cores busy with another job.
+pytestmark = pytest.mark.timeout(900)
+
 #: Rows per result: small ones come back inline, large ones (4 columns of 4-byte numbers: above
 #: `STORE_BYTES`) stay in the object store behind an envelope.
 SMALL = 6
