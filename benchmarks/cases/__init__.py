@@ -22,4 +22,6 @@ MODULES = (
     "ray_handoff",
     "trace_overhead",
     "ray_transport",
+    "torchrun_transport",
+    "ray_rdt",
 )
