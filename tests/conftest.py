@@ -4,6 +4,8 @@
   names it (hardware-only tests). A module skipped at import time fails its collection.
 - Hypothesis runs the "ci" profile when CI is set: no deadline (shared, noisy machines),
   derandomized (the same examples every run) and failing examples printed as reproduce blobs.
+- A test past its pytest-timeout bound fails alone, with its stack, and the session goes on
+  (the signal method, extended to interrupt `ray.get`: see tests/_support/timeouts.py).
 - Every Ray cluster the tests start (and every process they start) uses token authentication
   with one token for the session, kept in a private folder (0700, the file 0600) and removed at
   exit: Ray stays authenticated (loopback ports are open to every user of the machine), prints
@@ -28,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from skip_allowlist import allowed_reason
 
 sys.path.pop(0)
+from _support import timeouts  # tests/ is on sys.path: the pythonpath setting
 
 _TRUE = {"1", "true", "yes", "on"}
 RAY_AUTH_VARS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
@@ -56,6 +59,10 @@ else:
     settings.register_profile("ci", deadline=None, derandomize=True, print_blob=True)
     if os.environ.get("CI", "").strip().lower() in _TRUE:
         settings.load_profile("ci")
+
+
+def pytest_configure(config):
+    timeouts.register(config)
 
 
 def _skips_allowed() -> bool:

@@ -22,6 +22,8 @@ from typing import Any
 import pytest
 
 TOKEN_VAR = "TWINKLE_TEST_JOB"
+#: The tokens of the jobs running now (jobs may run in background threads: see prestart.py).
+_RUNNING: set[str] = set()
 
 
 @dataclass
@@ -56,6 +58,12 @@ def kill_all(pids: list[int]) -> None:
             pass
 
 
+def kill_running() -> None:
+    """Kill every process of every job running now (their `run_job` calls then return)."""
+    for token in list(_RUNNING):
+        kill_all(processes_with(token))
+
+
 def run_job(
     commands: list[list[str]],
     *,
@@ -73,6 +81,14 @@ def run_job(
     token = token or f"twinkle-test-{uuid.uuid4().hex}"
     env = dict(env, PYTHONUNBUFFERED="1", **{TOKEN_VAR: token})
     start = time.monotonic()
+    _RUNNING.add(token)
+    try:
+        return _run(commands, cwd, env, timeout, check_leftovers, token, start)
+    finally:
+        _RUNNING.discard(token)
+
+
+def _run(commands, cwd, env, timeout, check_leftovers, token, start) -> Job:
     procs = [
         subprocess.Popen(
             cmd,
@@ -94,6 +110,9 @@ def run_job(
         kill_all([p.pid for p in procs] + processes_with(token))
         text = "\n".join(p.communicate()[0] or "" for p in procs)
         pytest.fail(f"{commands[0]} did not end within {timeout}s:\n{text[-4000:]}")
+    except BaseException:  # the test's own timeout, Ctrl-C: leave nothing behind
+        kill_all([p.pid for p in procs] + processes_with(token))
+        raise
     elapsed = time.monotonic() - start
     ended_at = time.time()
     deadline = time.monotonic() + (10 if check_leftovers else 0)
