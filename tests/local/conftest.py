@@ -14,9 +14,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from _support import jobs
+from _support import jobs, prestart
 from _support.fixtures import _clean_runtime  # noqa: F401 - autouse in this suite
 from _support.net import free_port
+
+# Fixtures declared with `prestart.fixture` (the suite's torchrun jobs) run in the background
+# from the session's start, two at a time: see tests/_support/prestart.py.
+_prestart = prestart.session_fixture()
 
 TESTS = Path(__file__).resolve().parents[1]
 JOBS = TESTS / "local" / "jobs"

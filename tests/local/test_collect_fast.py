@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from _support import prestart
 
 from .conftest import JOBS, run_job
 
@@ -26,7 +27,7 @@ def _line_of(marker: str) -> int:
     return next(i for i, line in enumerate(lines, 1) if marker in line)
 
 
-@pytest.fixture(scope="module")
+@prestart.fixture
 def reports(tmp_path_factory):
     out = tmp_path_factory.mktemp("collect_fast")
     job = run_job(SCRIPT, out)

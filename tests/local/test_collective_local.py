@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 
 import pytest
+from _support import prestart
 
 from .conftest import run_job
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
+@prestart.fixture
 def ranks(tmp_path_factory):
     job = run_job("collective_job.py", tmp_path_factory.mktemp("collective"), nproc=4)
     assert job.returncode == 0, job.output[-6000:]

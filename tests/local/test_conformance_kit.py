@@ -11,6 +11,7 @@ import os
 import sys
 
 import pytest
+from _support import prestart
 
 from twinkle_core.testing import conformance_checks, run_kit
 
@@ -31,16 +32,38 @@ def _env() -> dict[str, str]:
     return env
 
 
-@pytest.mark.timeout(700)
-def test_two_ranks_pass_every_check_that_fits(tmp_path):
-    run = run_kit(
+# Both kit runs start in the background at the session's start (tests/_support/prestart.py).
+
+
+@prestart.fixture
+def two_ranks(tmp_path_factory):
+    return run_kit(
         "local",
         launcher=_torchrun(2),
         options={"timeout": 120},  # twinkle's exchanges: fail, never hang, if a rank is lost
-        cwd=tmp_path,  # not the repository root, whose source folders would shadow packages
+        # not the repository root, whose source folders would shadow packages
+        cwd=tmp_path_factory.mktemp("kit2"),
         env=_env(),
         timeout=600,
     )
+
+
+@prestart.fixture
+def four_ranks(tmp_path_factory):
+    return run_kit(
+        "local",
+        launcher=_torchrun(4),
+        options={"timeout": 120},
+        select=["mesh_dp2_tp2"],
+        cwd=tmp_path_factory.mktemp("kit4"),
+        env=_env(),
+        timeout=300,
+    )
+
+
+@pytest.mark.timeout(700)
+def test_two_ranks_pass_every_check_that_fits(two_ranks):
+    run = two_ranks
     assert run.returncode == 0, run.output
     assert run.passed >= 20 and run.failed == 0 and run.errors == 0, run.output
     assert sorted(run.not_applicable_checks) == FOUR_RANK_CHECKS, run.output
@@ -48,16 +71,8 @@ def test_two_ranks_pass_every_check_that_fits(tmp_path):
     assert f"{run.passed} passed, 0 failed, 2 not applicable" in run.output.splitlines()
 
 
-@pytest.mark.timeout(400)
-def test_four_ranks_run_the_dp2_tp2_checks(tmp_path):
-    run = run_kit(
-        "local",
-        launcher=_torchrun(4),
-        options={"timeout": 120},
-        select=["mesh_dp2_tp2"],
-        cwd=tmp_path,
-        env=_env(),
-        timeout=300,
-    )
+@pytest.mark.timeout(700)
+def test_four_ranks_run_the_dp2_tp2_checks(four_ranks):
+    run = four_ranks
     assert run.returncode == 0, run.output
     assert "2 passed, 0 failed" in run.output.splitlines(), run.output

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from _support import prestart
 
 from .conftest import JOBS, run_job
 
@@ -33,7 +34,7 @@ class Ranks(list):
         return result
 
 
-@pytest.fixture(scope="module")
+@prestart.fixture
 def job(tmp_path_factory):
     out = tmp_path_factory.mktemp("reliability")
     return run_job("reliability_job.py", out, timeout=300)

@@ -17,6 +17,7 @@ import sys
 import time
 
 import pytest
+from _support import prestart
 from _support.net import free_port
 
 from .conftest import JOBS, run_job
@@ -45,12 +46,36 @@ def assert_close(actual, expected, path="$"):
         assert actual == expected, f"{path}: {actual!r} != {expected!r}"
 
 
-@pytest.fixture(scope="module")
+# Every job of the module runs in the background from the session's start (see
+# tests/_support/prestart.py); the ones that mostly wait for a timeout start first.
+
+
+@prestart.fixture
 def main_job(tmp_path_factory):
     job = run_job("main_job.py", tmp_path_factory.mktemp("main"))
     assert job.returncode == 0, job.output[-6000:]
     ranks = [json.loads((job.out_dir / f"rank{r}.json").read_text()) for r in (0, 1)]
     return job, ranks
+
+
+@prestart.fixture(params=[0, 2], ids=["one-launcher", "two-launchers"])
+def fail_job(tmp_path_factory, param):
+    return run_job("fail_job.py", tmp_path_factory.mktemp("fail"), nodes=param)
+
+
+@prestart.fixture(params=["die", "hang"], first=True)
+def lost_job(tmp_path_factory, param):
+    return run_job("lost_job.py", tmp_path_factory.mktemp(f"lost-{param}"), param), param
+
+
+@prestart.fixture
+def wide_job(tmp_path_factory):
+    return run_job("wide_job.py", tmp_path_factory.mktemp("wide"), nproc=4, timeout=180)
+
+
+@prestart.fixture(first=True)
+def slow_sender_job(tmp_path_factory):
+    return run_job("slow_sender_job.py", tmp_path_factory.mktemp("slow-sender"), timeout=180)
 
 
 @pytest.mark.parametrize("rank", [0, 1])
@@ -128,11 +153,11 @@ def _line_of(script: str, marker: str) -> int:
     return next(i for i, line in enumerate(lines, 1) if marker in line)
 
 
-@pytest.mark.parametrize("nodes", [0, 2], ids=["one-launcher", "two-launchers"])
-def test_failing_ranks_end_the_job_with_one_alert_each(tmp_path, nodes):
+def test_failing_ranks_end_the_job_with_one_alert_each(fail_job):
     """One launcher with 2 processes, and 2 launchers (2 simulated nodes) of one process each:
     the election through the job's store gives one alert per distinct failure either way."""
-    job = run_job("fail_job.py", tmp_path, nodes=nodes)
+    job = fail_job
+    out = job.out_dir
     script = str(JOBS / "fail_job.py")
     line_a, line_b = _line_of("fail_job.py", "CALL-A"), _line_of("fail_job.py", "CALL-B")
     assert job.returncode != 0, job.output[-4000:]
@@ -143,7 +168,7 @@ def test_failing_ranks_end_the_job_with_one_alert_each(tmp_path, nodes):
     # rank 0's traceback as a note.
     assert '[rank0]:     raise ValueError(f"bad batch {only}")' in job.output
     assert "[rank1]: twinkle: traceback on rank 0:" in job.output
-    reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    reports = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
     tag_a = f"[twinkle driver caller: {script}:{line_a}] bad batch 1"
     for rank, report in enumerate(reports):  # rank 1 failed alone; every rank raised it
         assert report["caught"][:2] == ["ValueError", tag_a]
@@ -152,7 +177,7 @@ def test_failing_ranks_end_the_job_with_one_alert_each(tmp_path, nodes):
         # Rank 0 did not run the failing code: rank 1's traceback comes along as a note.
         assert ("twinkle: traceback on rank 1:" in notes) is (rank == 0)
         assert ('raise ValueError(f"bad batch {only}")' in notes) is (rank == 0)
-    alerts = [json.loads(line) for line in (tmp_path / "alerts.jsonl").read_text().splitlines()]
+    alerts = [json.loads(line) for line in (out / "alerts.jsonl").read_text().splitlines()]
     assert len(alerts) == 2, alerts  # one per distinct failure for the whole job
     texts = sorted((a["text"] for a in alerts), key=lambda t: f":{line_b}`" in t)
     assert f"{script}:{line_a}`" in texts[0] and "g / 1" in texts[0]
@@ -164,10 +189,10 @@ def test_failing_ranks_end_the_job_with_one_alert_each(tmp_path, nodes):
     assert 0 < job.ended_at - raised_at < 30
 
 
-@pytest.mark.parametrize("mode", ["die", "hang"])
-def test_lost_rank_ends_the_job(tmp_path, mode):
+def test_lost_rank_ends_the_job(lost_job):
     """A rank that dies or hangs: the others stop waiting (timeout 5 s) and the job ends."""
-    job = run_job("lost_job.py", tmp_path, mode)
+    job, mode = lost_job
+    out = job.out_dir
     assert job.returncode != 0, job.output[-4000:]
     if mode == "die":
         assert re.search(r"exitcode\s*:\s*3", job.output), job.output[-4000:]
@@ -175,16 +200,16 @@ def test_lost_rank_ends_the_job(tmp_path, mode):
         # Deterministic: rank 0 gives up after the 5 s timeout, reports, and exits first.
         assert "WorkerDiedError: [twinkle driver caller:" in job.output
         assert "died or stopped answering during Fragile.step" in job.output
-        alerts = (tmp_path / "alerts.jsonl").read_text().splitlines()
+        alerts = (out / "alerts.jsonl").read_text().splitlines()
         # One per call site: the failed call, and the retry after catching it.
         assert len(alerts) == 2 and all("WorkerDiedError" in a for a in alerts)
-        broken = json.loads((tmp_path / "broken0.json").read_text())
+        broken = json.loads((out / "broken0.json").read_text())
         assert "during Fragile.step" in broken["again"]
         # The hung process told, through the store, where it was.
         assert "process 1 " in broken["first"] and "running Fragile.step" in broken["first"]
         assert "time.sleep(300)" in broken["first"]
         assert broken["again_took"] < 1  # no second wait for the timeout
-    started = json.loads((tmp_path / "start0.json").read_text())["t"]
+    started = json.loads((out / "start0.json").read_text())["t"]
     took = job.ended_at - started
     if mode == "hang":
         assert 5 <= took < 30, took  # waited for the 5 s timeout, then ended
@@ -229,12 +254,12 @@ def test_sigterm_waits_for_queued_alerts(tmp_path):
     assert waited < 10
 
 
-def test_four_processes_groups_smaller_than_the_world(tmp_path):
+def test_four_processes_groups_smaller_than_the_world(wide_job):
     """4 processes: groups of 1-2 leave processes 2 and 3 without instances (they still get
     every value), and a dp=2 x tp=2 mesh spans all four."""
-    job = run_job("wide_job.py", tmp_path, nproc=4, timeout=180)
+    job = wide_job
     assert job.returncode == 0, job.output[-6000:]
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(4)]
+    ranks = [json.loads((job.out_dir / f"rank{r}.json").read_text()) for r in range(4)]
     for rank, result in enumerate(ranks):
         mesh = dict(result["local_mesh"])
         torch_mesh = mesh.pop("torch_mesh")  # local mode only
@@ -249,12 +274,12 @@ def test_four_processes_groups_smaller_than_the_world(tmp_path):
         assert torch_mesh == [["dp", "tp"], [[0, 1], [2, 3]], dp, tp, tp_group]
 
 
-def test_the_waiting_process_ends_with_its_shutdown_deadline(tmp_path):
+def test_the_waiting_process_ends_with_its_shutdown_deadline(slow_sender_job):
     """The process that lost the election waits for the sender's alert only as long as its
     own `shutdown(timeout=...)` allows, not `notify_wait` (30 s)."""
-    job = run_job("slow_sender_job.py", tmp_path, timeout=180)
+    job = slow_sender_job
     assert job.returncode == 0, job.output[-4000:]
-    reports = [json.loads((tmp_path / f"shutdown{r}.json").read_text()) for r in (0, 1)]
+    reports = [json.loads((job.out_dir / f"shutdown{r}.json").read_text()) for r in (0, 1)]
     senders = [r for r in reports if r["sender"]]
     waiters = [r for r in reports if not r["sender"]]
     assert len(senders) == 1 and len(waiters) == 1, reports  # one alert for the job

@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 
 import pytest
+from _support import prestart
 
 from .conftest import run_job
 
 
-@pytest.fixture(scope="module")
+@prestart.fixture
 def hang_job(tmp_path_factory):
     """One job for the module: the traced run, then an untraced run whose workers hang while
     their processes get SIGUSR1."""
