@@ -113,6 +113,9 @@ class LocalBackend(ExecutionBackend):
         self.watchdog = Watchdog(self)
         #: Subgroups of this run's collective groups (destroyed at shutdown).
         self._collective_links: list[Any] = []
+        #: Groups of the transports' torch.distributed backends other than gloo (which uses
+        #: the control group), by backend name: made on first use, destroyed at shutdown.
+        self._transport_groups: dict[str, Any] = {}
 
     # ----------------------------------------------------------------- start
     def initialize(self, config) -> None:
@@ -286,6 +289,23 @@ class LocalBackend(ExecutionBackend):
         self.nodes = [h[0] for h in hello]
         config.name = hello[0][1]
         self.channel.namespace = f"twinkle/{config.name}/{_runs_started}"
+
+    def transport_group(self, torch_backend: str) -> Any:
+        """The group a transport of `torch_backend` broadcasts over: twinkle's gloo control
+        group for gloo, else a group of that backend over the whole job, made on first use.
+
+        Called in an exchange's second step, which every process takes at the same point, so
+        every process makes the new group in the same order (as `new_group` needs)."""
+        if torch_backend == "gloo":
+            return self.channel.group
+        group = self._transport_groups.get(torch_backend)
+        if group is None:
+            import torch.distributed as dist
+
+            timeout = datetime.timedelta(seconds=self._timeout_s)
+            group = dist.new_group(backend=torch_backend, timeout=timeout)
+            self._transport_groups[torch_backend] = group
+        return group
 
     # ----------------------------------------------------------------- calls
     def node_of(self, rank: int) -> str | None:
@@ -709,6 +729,16 @@ class LocalBackend(ExecutionBackend):
         links, self._collective_links = self._collective_links, []
         for link in links:
             link.destroy()
+        transport_groups, self._transport_groups = self._transport_groups, {}
+        if transport_groups:
+            import torch.distributed as dist
+
+            for name, pg in transport_groups.items():
+                try:
+                    if dist.is_initialized():
+                        dist.destroy_process_group(pg)
+                except Exception as exc:
+                    log.warning("twinkle: destroying the %s transport group failed: %s", name, exc)
         if self._control_group is None and not self._owns_default_group:
             return
         import torch.distributed as dist

@@ -65,10 +65,14 @@ class LocalPendingCall(CompletedCall):
     def wait(self, timeout: float | None) -> list[Any]:
         self._raise_failures()
         if not self.complete:
+            how = (
+                f"were summed with an all-reduce for its '{self.reduce_op}' collector"
+                if self.reduce_op
+                else "were exchanged only where its collector uses them"
+            )
             raise TwinkleError(
-                f"{self.label}: the results were summed with an all-reduce for its "
-                f"'{self.reduce_op}' collector, so the per-rank list is not available in mode "
-                "'local'; use a gathering collector (e.g. collect='none') to get every result"
+                f"{self.label}: the results {how}, so the per-rank list is not available in "
+                "mode 'local'; use a gathering collector (e.g. collect='none') to get every result"
             )
         return self.results
 

@@ -15,7 +15,8 @@ header and a small inline payload:
   different calls (a call inside `if rank == 0:`, an extra call, another call site) all see the
   difference at once and raise the same error naming each process's call and call site.
 - `flags` say whether the process's worker failed (FAILED), whether its payload did not fit
-  in the slot (BIG), and whether a result for `sum`/`mean` is not a number (OBJECT).
+  in the slot (BIG), whether a result for `sum`/`mean` is not a number (OBJECT), and whether
+  the payload is the envelope of a result held for a transport (HELD, `transports.py`).
 - The payload is the pickled outcome (`collect='none'` & co), or for `sum`/`mean` the result's
   numbers (int64 and float64), with `spec` the fingerprint of its structure (types, dtypes,
   shapes, keys). The numbers are summed locally, in rank order, by every process.
@@ -27,6 +28,12 @@ the numbers), the failures, the descriptions of diverging calls, or the objects 
 cannot be summed (the first call of each method also sends the structure of its result once,
 so every process can rebuild the value; later calls with the same structure are one
 collective).
+
+A result held for a transport (large tensors, a method whose `transport=` resolves to one that
+serves this mode: `transports.py`) is not pickled: its slot carries a small envelope, and the
+second step broadcasts its tensors as raw bytes from the holder, over twinkle's own groups. Only
+the results the collector uses take part (with `collect='first'` the other processes send
+nothing). A failure or a divergence is seen in the slots first, so then nothing is broadcast.
 
 The first collective is started when the call is made and runs in gloo's thread; the call
 waits for it when collected (with the LazyCollect's or the method's timeout). Exchanges are
@@ -50,13 +57,14 @@ from twinkle_core.plugin import PendingCall
 from . import numeric
 from .calls import LocalPendingCall, decode, encode
 from .channel import ChannelError
+from .transports import Envelope, Held, broadcast_bytes, broadcast_held, fill
 
 if TYPE_CHECKING:
     from .backend import LocalBackend
 
 KIND_GATHER, KIND_REDUCE, KIND_CONSTRUCT = 1, 2, 3
 KIND_NAMES = {KIND_GATHER: "gathered", KIND_REDUCE: "all-reduced", KIND_CONSTRUCT: "construct"}
-F_FAILED, F_BIG, F_OBJECT = 1, 2, 4
+F_FAILED, F_BIG, F_OBJECT, F_HELD = 1, 2, 4, 8
 
 HEADER = struct.Struct("<BBHIQQQ")  # kind, flags, ncalls, length, seq, key, spec
 HEADER_BYTES = HEADER.size
@@ -132,6 +140,9 @@ class Exchange:
         reps: frozenset[int] = frozenset(),
         op: str | None = None,
         mesh: DeviceMesh | None = None,
+        held: Held | None = None,
+        skip: bool = False,
+        partial: bool = False,
     ) -> None:
         self.backend = backend
         self.info = info
@@ -140,6 +151,12 @@ class Exchange:
         self.reps = reps
         self.op = op
         self.mesh = mesh
+        #: This process's result as held for a transport (its slot carries the envelope).
+        self.held = held
+        #: Whether this process's result is one the collector does not use (not sent).
+        self.skip = skip
+        #: Whether only the results the collector uses are exchanged (some are not sent).
+        self.partial = partial
         self.work: Any = None
         self.buffer: Any = None  # every process's slot, once gathered (a bytearray)
         self.data: Any = None  # the same as bytes
@@ -164,6 +181,11 @@ class Exchange:
             if not ok:
                 flags |= F_FAILED
                 self.payload, _ = encode(False, value, rank, backend.node, info.label)
+            elif self.held is not None:
+                flags |= F_HELD
+                self.payload = self.held.envelope
+            elif self.skip:
+                pass
             elif info.kind == KIND_REDUCE:
                 if index in self.reps:
                     spec = _FLOAT_SPEC if type(value) is float else numeric.numeric_spec(value)
@@ -221,6 +243,8 @@ class Exchange:
         capacity = slot_bytes(self.backend.channel.world_size) - HEADER_BYTES
         if any(h[FLAGS] & F_FAILED for h in heads):
             return any(h[FLAGS] & F_FAILED and h[LENGTH] > capacity for h in heads)
+        if any(h[FLAGS] & F_HELD for h in heads):
+            return True
         if self.info.kind == KIND_REDUCE:
             fast, contributors, _ = self._fast_reduce(heads)
             return not fast or any(heads[r][LENGTH] > capacity for r in contributors)
@@ -281,6 +305,8 @@ class Exchange:
             flags |= h[FLAGS]
         if flags & F_FAILED:
             return self._failures(heads)
+        if flags & F_HELD:
+            return self._held(heads)
         if kind == KIND_REDUCE:
             return self._reduced(heads)
         return self._gathered(heads)
@@ -343,7 +369,69 @@ class Exchange:
                 failures.append(value)
             elif index is not None:
                 results[index] = value
+        if self.partial:
+            return LocalPendingCall(
+                results, failures, mesh=self.mesh, label=self.info.label, partial=True
+            )
         return LocalPendingCall(results, failures, label=self.info.label)
+
+    # ----------------------------------------------------------------- held results
+    def _held(self, heads: list[tuple]) -> LocalPendingCall:
+        """Some used results are held for a transport: the others' payloads as usual (for
+        `sum`/`mean`, their objects), then each held one broadcast from its holder, in rank
+        order. Every process takes these steps alike (they follow from the slots)."""
+        backend = self.backend
+        channel = backend.channel
+        me = channel.rank
+        label = self.info.label
+        results: list[Any] = [None] * len(self.ranks)
+        failures = []
+        plain = [r for r, h in enumerate(heads) if h[LENGTH] and not h[FLAGS] & F_HELD]
+        if plain:
+            if self.info.kind == KIND_REDUCE:  # their slots hold numbers: send the objects
+                entry = None
+                mine = self.mine
+                if me in plain and mine is not None and mine[1]:
+                    entry, _ = encode(True, mine[2], self.ranks[mine[0]], backend.node, label)
+                gathered = channel.all_gather(entry)
+                blobs = {r: gathered[r] for r in plain}
+            else:
+                blobs = self._payloads(heads, plain)
+            for rank in plain:
+                ok, value = self._decode(rank, blobs[rank])
+                index = self._index_of(rank)
+                if not ok:
+                    failures.append(value)
+                elif index is not None:
+                    results[index] = value
+        capacity = slot_bytes(channel.world_size) - HEADER_BYTES
+        for rank, head in enumerate(heads):
+            if not head[FLAGS] & F_HELD:
+                continue
+            held = self.held if rank == me else None
+            length = head[LENGTH]
+            try:
+                if length <= capacity:
+                    blob = self._inline(rank, length)
+                else:
+                    blob = broadcast_bytes(
+                        channel.group, rank, None if held is None else held.envelope, length
+                    )
+                envelope: Envelope = pickle.loads(blob)
+                group = backend.transport_group(envelope.backend)
+                tensors = broadcast_held(group, rank, held, envelope, backend.isolate)
+            except ChannelError:
+                raise
+            except Exception as exc:  # a broken broadcast: a process died or stopped answering
+                raise ChannelError(f"{type(exc).__name__}: {exc}") from exc
+            index = self._index_of(rank)
+            if index is None:
+                continue
+            if held is not None and not backend.isolate and self.mine is not None:
+                results[index] = self.mine[2]  # the holder's own objects, as the exchange does
+            else:
+                results[index] = fill(envelope.skeleton, tensors)
+        return LocalPendingCall(results, failures, mesh=self.mesh, label=label, partial=True)
 
     # ----------------------------------------------------------------- sum / mean
     def _fast_reduce(self, heads: list[tuple]) -> tuple[bool, list[int], Any]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import twinkle_core.plugin as core_plugin
 from twinkle_core import hookimpl
 
 from .platforms import PLATFORMS
@@ -24,6 +25,22 @@ def register_platforms(register) -> None:
     for name, target in PLATFORMS.items():
         # The torch-aware cpu replaces core's plain one (same name, same meaning, torch devices).
         register(name, target, override=(name == "cpu"))
+
+
+@hookimpl
+def register_transports(register) -> None:
+    """Transports carried under torchrun by broadcasts (`twinkle_local.transports`).
+
+    `hccl` always. `gloo` and `nccl` are also names other backends' plugins register for their
+    own modes (twinkle-ray); two registrations of one name are a conflict unless core resolves
+    a name per mode (`transports_for`), so without it they are not registered here: the names
+    then come from the plugin that registers them, and this backend carries them with its own
+    transports of those names (`transports.registered`).
+    """
+    register("hccl", "twinkle_local.transports:HcclTransport")
+    if getattr(core_plugin, "transports_for", None) is not None:
+        register("gloo", "twinkle_local.transports:GlooTransport")
+        register("nccl", "twinkle_local.transports:NcclTransport")
 
 
 @hookimpl

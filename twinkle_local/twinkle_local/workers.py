@@ -23,6 +23,8 @@ from twinkle_core import (
     get_worker_context,
 )
 from twinkle_core.plugin import (
+    BUILTIN_COLLECTORS,
+    OBJECT_STORE,
     Collector,
     PendingCall,
     WorkerCall,
@@ -31,6 +33,7 @@ from twinkle_core.plugin import (
     WorkerPlacement,
     WorkerState,
     call_mesh,
+    note_fallback,
     representatives,
     run_method,
     worker_context,
@@ -38,6 +41,7 @@ from twinkle_core.plugin import (
 
 from .calls import LocalPendingCall
 from .exchange import KIND_GATHER, KIND_REDUCE, CallInfo, Exchange, ExchangedCall
+from .transports import decide
 
 if TYPE_CHECKING:
     from .backend import LocalBackend
@@ -72,6 +76,7 @@ class LocalWorkerGroup(WorkerGroup):
         #: The worker's generators for the backend's fast switch (None: core's activate()).
         self.party = party
         self._timeouts: dict[str, float | None] = {}
+        self._transports: dict[str, str] = {}
         self._reps: dict[tuple, tuple[DeviceMesh, frozenset[int]]] = {}
 
     def _representatives(self, count: int, mesh: DeviceMesh) -> frozenset[int]:
@@ -99,6 +104,15 @@ class LocalWorkerGroup(WorkerGroup):
             ok = isinstance(timeout, (int, float)) and not isinstance(timeout, bool)
             self._timeouts[method] = float(timeout) if ok and timeout > 0 else None
         return self._timeouts[method]
+
+    def method_transport(self, method: str) -> str:
+        """The `transport=` of `@remote_function` on `method` ('auto' when it has none)."""
+        known = self._transports.get(method)
+        if known is None:
+            spec = getattr(getattr(self.cls, method, None), _SPEC_ATTR, None)
+            known = getattr(spec, "transport", None)
+            known = self._transports[method] = known if isinstance(known, str) else "auto"
+        return known
 
     def _run(self, method: str, call: WorkerCall, info: CallInfo) -> tuple[bool, Any]:
         """Run `call` on this process's worker, as that worker, bounded by the method's
@@ -225,7 +239,31 @@ class LocalWorkerGroup(WorkerGroup):
                             ok, value, restore = self._run_keeping_generators(method, call, info)
                             mine = (index, ok, value)
                 reps = self._representatives(len(calls), mesh) if kind == KIND_REDUCE else _NONE
-                exchange = Exchange(backend, info, ranks, mine, reps=reps, op=op, mesh=mesh)
+                transport = self.method_transport(method)
+                held, skip, partial = None, False, False
+                if transport != OBJECT_STORE and backend.channel.distributed:
+                    # Only the results the collector uses travel; large tensors by transport.
+                    used = reps if kind == KIND_REDUCE else used_results(collector, mesh, calls)
+                    partial = len(used) < len(calls)
+                    if mine is not None and mine[1]:
+                        if mine[0] not in used:
+                            skip = True
+                        else:
+                            held, why = decide(transport, mine[2], label)
+                            if why is not None:
+                                note_fallback(label, why)
+                exchange = Exchange(
+                    backend,
+                    info,
+                    ranks,
+                    mine,
+                    reps=reps,
+                    op=op,
+                    mesh=mesh,
+                    held=held,
+                    skip=skip,
+                    partial=partial,
+                )
                 exchange.start()
                 backend.enqueue(exchange)
             finally:
@@ -234,6 +272,25 @@ class LocalWorkerGroup(WorkerGroup):
         return ExchangedCall(exchange)
 
 
+def used_results(collector: Collector | None, mesh: DeviceMesh, calls: list) -> frozenset[int]:
+    """The indices of the results a built-in `collector` looks at (every one for others)."""
+    kind = type(collector)
+    everything = range(len(calls))
+    if kind is _FIRST:
+        return frozenset((0,))
+    if kind is _LAST_PP:
+        if mesh is None or len(calls) != mesh.world_size:
+            return frozenset(everything)
+        index = {rank: i for i, rank in enumerate(mesh.ranks)}
+        return frozenset(index[r] for r in mesh.pp_last_ranks())
+    if kind in _BY_SHARD:
+        return frozenset(representatives(list(everything), mesh))
+    return frozenset(everything)
+
+
+_FIRST = type(BUILTIN_COLLECTORS["first"])
+_LAST_PP = type(BUILTIN_COLLECTORS["last_pp"])
+_BY_SHARD = tuple(type(BUILTIN_COLLECTORS[n]) for n in ("flatten", "concat", "sum", "mean"))
 _ATOMS = (int, float, complex, str, bytes, bool, type(None))
 _NONE: frozenset[int] = frozenset()
 

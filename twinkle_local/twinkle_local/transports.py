@@ -1,0 +1,374 @@
+"""Transports under torchrun: large tensor results broadcast as raw tensors over
+torch.distributed, instead of pickled through the exchange's all-gather (issue 11, item 3).
+
+Under torchrun every process is a driver, so a call's collected value must reach every process
+(`exchange.py`). A method whose `transport=` resolves to one of these (core's
+`twinkle_core.transport` rule) has each *used* result (the ones its collector looks at:
+`collect='first'` uses rank 0's only) travel like this:
+
+1. The producing process decides with the result in hand (`decide`): a tensor, or dicts
+   (`OrderedDict` too: `state_dict()`), lists and tuples of tensors on one device type, with
+   plain numbers, strings and None beside them, of at least `HOLD_BYTES`, whose chosen transport
+   serves that device in mode `local`. Its slot says so (`F_HELD`) and carries a small envelope
+   (structure, shapes, dtypes) instead of the pickled result.
+2. Every process reads every slot (the exchange's one collective), so all take the same second
+   step: for each held result, in rank order, the envelope (from the slot, or broadcast when
+   it does not fit), then each tensor broadcast from its holder as raw bytes, over twinkle's
+   own groups (the gloo control group for `gloo`; a `new_group` of the transport's backend,
+   made on first use and destroyed at shutdown, for `nccl`/`hccl`), never the user's default
+   group.
+3. A failure, or processes at different calls, is seen in the slots first: then nothing is
+   broadcast (the exchange reports it as before), so no process waits in a broadcast for a
+   producer that has nothing to send.
+
+Received tensors are fresh, writable buffers of every receiver's own (on its current device);
+the holder gets a copy of its own result with `isolate=True` (the default, as in-process) and
+the objects themselves with `isolate=False`, exactly as the exchange's pickled path does.
+
+Names: this plugin registers `gloo` (CPU), `nccl` (CUDA) and `hccl` (NPU) for modes `local`
+and `torchrun`. Other plugins may register the same names for their own modes (twinkle-ray's
+`gloo` and `nccl`); `registered()` keeps, for each name, a class that serves this mode.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import sys
+from collections import OrderedDict
+from typing import Any, ClassVar
+
+import twinkle_core.plugin as core_plugin
+from twinkle_core.plugin import (
+    AUTO,
+    OBJECT_STORE,
+    Transport,
+    explain_transport,
+    get_plugin,
+    registered_names,
+)
+
+log = logging.getLogger("twinkle")
+
+#: The mode names of this backend (`initialize(mode='local')`, alias `torchrun`).
+MODES = ("local", "torchrun")
+#: Results with fewer tensor bytes than this stay in the exchange even under a named transport
+#: (the slot or one small all-gather is cheaper than a broadcast per tensor).
+HOLD_BYTES = 64 * 1024
+#: `auto` moves CPU tensors from this size (core's `AUTO_MIN_BYTES`, about 1 MB).
+AUTO_MIN_BYTES = 1 << 20
+
+
+# ----------------------------------------------------------------------- the transports
+class TorchrunTransport(Transport):
+    """A transport carried under torchrun by broadcasts over a group twinkle made."""
+
+    modes: ClassVar[tuple[str, ...]] = MODES
+
+
+class GlooTransport(TorchrunTransport):
+    """CPU tensors over gloo (twinkle's control group). `auto` picks it from 1 MB: under
+    torchrun the alternative is pickling the result and all-gathering the bytes to every
+    process (measured in docs/data.md, "Transports under torchrun")."""
+
+    device_types: ClassVar[tuple[str, ...]] = ("cpu",)
+    torch_backend: ClassVar[str] = "gloo"
+    min_bytes: ClassVar[int] = AUTO_MIN_BYTES
+
+    @classmethod
+    def is_available(cls) -> bool:
+        try:
+            import torch.distributed as dist
+
+            return bool(dist.is_available() and dist.is_gloo_available())
+        except Exception:
+            return False
+
+
+def cuda_probe() -> bool:
+    """Whether this process can broadcast CUDA tensors over NCCL (the one hardware probe)."""
+    try:
+        import torch
+        import torch.distributed as dist
+
+        return bool(torch.cuda.is_available() and dist.is_nccl_available())
+    except Exception:
+        return False
+
+
+def npu_probe() -> bool:
+    """Whether this process can broadcast NPU tensors over HCCL (torch_npu installed)."""
+    try:
+        import torch
+
+        npu = getattr(torch, "npu", None)
+        return bool(npu is not None and npu.is_available())
+    except Exception:
+        return False
+
+
+class NcclTransport(TorchrunTransport):
+    """CUDA tensors over an NCCL group twinkle makes; `auto` picks it for large CUDA results."""
+
+    device_types: ClassVar[tuple[str, ...]] = ("cuda",)
+    torch_backend: ClassVar[str] = "nccl"
+
+    @classmethod
+    def is_available(cls) -> bool:
+        return sys.modules[__name__].cuda_probe()
+
+
+class HcclTransport(TorchrunTransport):
+    """Ascend NPU tensors over an HCCL group twinkle makes (the NPU platform's backend)."""
+
+    device_types: ClassVar[tuple[str, ...]] = ("npu",)
+    torch_backend: ClassVar[str] = "hccl"
+
+    @classmethod
+    def is_available(cls) -> bool:
+        return sys.modules[__name__].npu_probe()
+
+
+BUILTIN: dict[str, type[Transport]] = {
+    "gloo": GlooTransport,
+    "nccl": NcclTransport,
+    "hccl": HcclTransport,
+}
+
+
+def serves_here(cls: Any, device_type: str) -> bool:
+    return isinstance(cls, type) and any(cls.serves(device_type, m) for m in MODES)
+
+
+def _serves_a_mode(cls: Any) -> bool:
+    return isinstance(cls, type) and any(m in getattr(cls, "modes", ()) for m in MODES)
+
+
+_loaded: dict[tuple[str, ...], dict[str, type[Transport]]] = {}
+
+
+def registered() -> dict[str, type[Transport]]:
+    """Every registered transport by name, as this mode sees it; loaded once per set of names.
+
+    A name registered by another plugin for another mode only (twinkle-ray's `gloo`) is this
+    plugin's transport of that name here, when it has one: one driver script names `gloo` in
+    every mode. With core's `transports_for` (several plugins registering one name, each for
+    its modes) that choice is core's.
+    """
+    names = tuple(registered_names("transports"))
+    hit = _loaded.get(names)
+    if hit is None:
+        hit = _loaded[names] = _load(names)
+    return hit
+
+
+def _load(names: tuple[str, ...]) -> dict[str, type[Transport]]:
+    for_mode = getattr(core_plugin, "transports_for", None)
+    if for_mode is not None:
+        return dict(for_mode(MODES[0]))
+    out: dict[str, type[Transport]] = {}
+    for name in names:
+        try:
+            cls = get_plugin("transports", name)
+        except Exception as exc:  # a broken plugin must not stop a result from travelling
+            log.debug("twinkle: transport %r could not be loaded: %s", name, exc)
+            cls = None
+        if not _serves_a_mode(cls) and name in BUILTIN:
+            cls = BUILTIN[name]
+        if cls is not None:
+            out[name] = cls
+    return out
+
+
+def explain(requested: str, nbytes: int, device_type: str) -> tuple[str, str | None]:
+    """Core's rule for mode `local` (trying its alias `torchrun` too)."""
+    transports = registered()
+    name, why = explain_transport(requested, nbytes, device_type, MODES[0], transports)
+    if name == OBJECT_STORE:
+        alias, _ = explain_transport(requested, nbytes, device_type, MODES[1], transports)
+        if alias != OBJECT_STORE:
+            return alias, None
+    return name, why
+
+
+# ----------------------------------------------------------------------- structures
+class _Slot:
+    """Where tensor `index` of a held result goes back in."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+    def __reduce__(self):
+        return (_Slot, (self.index,))
+
+
+class _NotTensors(Exception):
+    pass
+
+
+_PLAIN = (type(None), bool, int, float, str)
+
+
+def _split(value: Any, tensors: list[Any], torch: Any) -> Any:
+    """`value` with every tensor replaced by a `_Slot` (appended to `tensors`); raises
+    `_NotTensors` for anything a skeleton cannot stand for."""
+    kind = type(value)
+    if kind is dict or kind is OrderedDict:
+        return kind((k, _split(v, tensors, torch)) for k, v in value.items())
+    if kind is list or kind is tuple:
+        return kind(_split(v, tensors, torch) for v in value)
+    if kind is torch.Tensor:
+        if value.requires_grad or value.layout != torch.strided or value.is_quantized:
+            raise _NotTensors("tensors that require grad, sparse or quantized")
+        tensors.append(value)
+        return _Slot(len(tensors) - 1)
+    if kind in _PLAIN or (kind is bytes and len(value) < 1024):
+        return value
+    raise _NotTensors(f"a {kind.__name__}")
+
+
+def fill(skeleton: Any, tensors: list[Any]) -> Any:
+    kind = type(skeleton)
+    if kind is _Slot:
+        return tensors[skeleton.index]
+    if kind is dict or kind is OrderedDict:
+        return kind((k, fill(v, tensors)) for k, v in skeleton.items())
+    if kind is list or kind is tuple:
+        return kind(fill(v, tensors) for v in skeleton)
+    return skeleton
+
+
+class Held:
+    """This process's result, to be broadcast: its tensors and its envelope (the bytes its
+    slot carries: skeleton, specs, device type, torch backend)."""
+
+    __slots__ = ("backend", "envelope", "tensors")
+
+    def __init__(self, backend: str, envelope: bytes, tensors: list[Any]) -> None:
+        self.backend = backend
+        self.envelope = envelope
+        self.tensors = tensors
+
+
+class Envelope:
+    """What receivers need to allocate a held result's tensors and rebuild it."""
+
+    __slots__ = ("backend", "device_type", "skeleton", "specs")
+
+    def __init__(
+        self,
+        skeleton: Any,
+        specs: list[tuple[tuple[int, ...], str]],
+        device_type: str,
+        backend: str,
+    ) -> None:
+        self.skeleton = skeleton
+        self.specs = specs
+        self.device_type = device_type
+        self.backend = backend
+
+    def __reduce__(self):
+        return (Envelope, (self.skeleton, self.specs, self.device_type, self.backend))
+
+
+def decide(requested: str, value: Any, method: str) -> tuple[Held | None, str | None]:
+    """(the result as held, or None: it takes the exchange; why a named transport could not
+    carry it, or None). Never raises."""
+    if requested == OBJECT_STORE:
+        return None, None
+    torch = sys.modules.get("torch")
+    if torch is None:  # no tensor was ever made in this process
+        return None, _not_tensors(requested)
+    tensors: list[Any] = []
+    try:
+        skeleton = _split(value, tensors, torch)
+    except _NotTensors:
+        return None, _not_tensors(requested)
+    except Exception:  # an odd object: the exchange's pickling handles (or reports) it
+        return None, None
+    if not tensors:
+        return None, _not_tensors(requested)
+    devices = {t.device.type for t in tensors}
+    if len(devices) > 1:
+        return None, f"the result holds tensors on {sorted(devices)}"
+    device = devices.pop()
+    nbytes = sum(int(t.numel()) * int(t.element_size()) for t in tensors)
+    if nbytes < HOLD_BYTES:
+        return None, None  # small: one slot or one small all-gather is cheaper
+    chosen, why = explain(requested, nbytes, device)
+    if chosen == OBJECT_STORE:
+        return None, why
+    backend = getattr(registered().get(chosen), "torch_backend", "")
+    if not isinstance(backend, str) or not backend:
+        return None, f"transport {chosen!r} names no torch.distributed backend"
+    specs = [(tuple(int(n) for n in t.shape), str(t.dtype).split(".")[-1]) for t in tensors]
+    try:
+        envelope = pickle.dumps(Envelope(skeleton, specs, device, backend), protocol=5)
+    except Exception:
+        return None, None
+    return Held(backend, envelope, tensors), None
+
+
+def _not_tensors(requested: str) -> str | None:
+    if requested == AUTO:
+        return None
+    return (
+        f"transport {requested!r} moves torch tensors (alone or in dicts, lists and tuples of "
+        "them, with plain numbers and strings beside them); this result holds other values"
+    )
+
+
+# ----------------------------------------------------------------------- moving them
+def _as_bytes(t: Any) -> Any:
+    """A flat uint8 view of contiguous tensor `t` (gloo and nccl broadcast any dtype so)."""
+    import torch
+
+    return t.reshape(-1).view(torch.uint8)
+
+
+def broadcast_held(pg: Any, src: int, held: Held | None, envelope: Envelope, isolate: bool) -> list:
+    """Broadcast a held result's tensors from group rank `src` over `pg`: the holder sends
+    `held.tensors` (and gets them back, copied when `isolate`), the others receive into new
+    tensors on their current device. The same call, in the same order, on every process."""
+    import torch
+    import torch.distributed as dist
+
+    out = []
+    if held is not None:
+        for t in held.tensors:
+            send = t.detach() if t.is_contiguous() else t.detach().contiguous()
+            if send.numel():
+                dist.broadcast(_as_bytes(send), group_src=src, group=pg)
+            out.append(t.detach().clone() if isolate else t)
+        return out
+    device = receive_device(envelope.device_type)
+    for shape, dtype in envelope.specs:
+        t = torch.empty(shape, dtype=getattr(torch, dtype), device=device)
+        if t.numel():
+            dist.broadcast(_as_bytes(t), group_src=src, group=pg)
+        out.append(t)
+    return out
+
+
+def broadcast_bytes(pg: Any, src: int, payload: bytes | None, length: int) -> bytes:
+    """`length` bytes from group rank `src` (which passes `payload`) on every process."""
+    import torch
+    import torch.distributed as dist
+
+    if payload is not None:
+        buf = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+    else:
+        buf = torch.empty(length, dtype=torch.uint8)
+    dist.broadcast(buf, group_src=src, group=pg)
+    return payload if payload is not None else buf.numpy().tobytes()
+
+
+def receive_device(device_type: str) -> Any:
+    """Where a receiver allocates tensors of `device_type`: its current device."""
+    import torch
+
+    if device_type == "cpu":
+        return torch.device("cpu")
+    return torch.device(device_type, getattr(torch, device_type).current_device())
