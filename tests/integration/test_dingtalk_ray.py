@@ -17,6 +17,7 @@ import textwrap
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from _support import prestart
 from _support.fake_dingtalk import SECRET, TOKEN, read_log, start_process
 from _support.jobs import run_job
 
@@ -94,7 +95,11 @@ class BarrierServer:
         self.httpd.server_close()
 
 
-def test_four_failing_actors_send_exactly_one_message(tmp_path):
+@prestart.fixture
+def job(tmp_path_factory):
+    """The driver's run against the fake robot, in the background from the session's start
+    (tests/_support/prestart.py)."""
+    tmp_path = tmp_path_factory.mktemp("dingtalk-ray")
     driver = tmp_path / "driver.py"
     driver.write_text(DRIVER)
     lines = DRIVER.splitlines()
@@ -122,9 +127,13 @@ def test_four_failing_actors_send_exactly_one_message(tmp_path):
     finally:
         server.terminate()
         server.wait(10)
+    return driver, call_line, code, out, read_log(str(tmp_path / "robot.jsonl"))
+
+
+def test_four_failing_actors_send_exactly_one_message(job):
+    driver, call_line, code, out, requests = job
     assert code == 1, out[-3000:]  # the uncaught failure ends the driver
     assert "LEAKED [[], [], [], []]" in out, out[-3000:]  # no secret reached an actor
-    requests = read_log(str(tmp_path / "robot.jsonl"))
     # Four actors, one distinct error: one alert, however the backend grouped the ranks (late
     # failures reach the runtime too, and are recognised as the same error).
     assert len(requests) == 1, (requests, out[-3000:])

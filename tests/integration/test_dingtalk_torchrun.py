@@ -11,7 +11,7 @@ import os
 import sys
 import textwrap
 
-import pytest
+from _support import prestart
 from _support.fake_dingtalk import SECRET, TOKEN, read_log, start_process
 from _support.jobs import run_job
 
@@ -40,10 +40,15 @@ DRIVER = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("delay", [0.0, 2.0], ids=["fast-robot", "slow-robot"])
-def test_two_failing_ranks_send_exactly_one_message(tmp_path, delay):
-    # With a slow robot the alert takes longer than torchrun takes to kill the other rank once
-    # one exits: the elected rank must still deliver before the job ends.
+@prestart.fixture(params=[0.0, 2.0], ids=["fast-robot", "slow-robot"])
+def job(tmp_path_factory, param):
+    """The job against a robot answering after `param` seconds (both run in the background
+    from the session's start: tests/_support/prestart.py).
+
+    With a slow robot the alert takes longer than torchrun takes to kill the other rank once
+    one exits: the elected rank must still deliver before the job ends."""
+    tmp_path = tmp_path_factory.mktemp("dingtalk-torchrun")
+    delay = param
     driver = tmp_path / "driver.py"
     driver.write_text(DRIVER)
     call_line = (
@@ -72,9 +77,13 @@ def test_two_failing_ranks_send_exactly_one_message(tmp_path, delay):
     finally:
         server.terminate()
         server.wait(10)
+    return driver, call_line, code, out, read_log(str(tmp_path / "robot.jsonl"))
+
+
+def test_two_failing_ranks_send_exactly_one_message(job):
+    driver, call_line, code, out, requests = job
     assert code != 0, out[-3000:]  # the uncaught failure ends the job
     assert out.count("LEAKED [[], []]") == 2, out[-3000:]  # from_env() took the secrets out
-    requests = read_log(str(tmp_path / "robot.jsonl"))
     assert len(requests) == 1, (requests, out[-3000:])
     (msg,) = requests
     assert msg["errcode"] == 0, msg  # signature and timestamp accepted

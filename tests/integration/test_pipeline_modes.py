@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from _support import prestart
 from _support.jobs import run_job
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -24,21 +25,35 @@ def run(cmd: list[str], timeout: float = 300) -> str:
     return out
 
 
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+COMMANDS = {
+    "inprocess": [sys.executable, str(EXAMPLE), "--mode", "inprocess"],
+    "local": [*TORCHRUN, str(EXAMPLE), "--mode", "local"],
+    "ray": [sys.executable, str(EXAMPLE), "--mode", "ray"],
+}
+
+
+def _mode_run(mode: str):
+    """A fixture `<mode>_run`: the mode's steps and what it printed. The three modes run in
+    the background from the session's start (tests/_support/prestart.py)."""
+
+    def run_mode(tmp_path_factory):
+        path = tmp_path_factory.mktemp("pipeline") / f"{mode}.json"
+        stdout = run([*COMMANDS[mode], "--steps", STEPS, "--out", str(path)])
+        return json.loads(path.read_text())["steps"], stdout
+
+    run_mode.__name__ = f"{mode}_run"
+    return prestart.fixture(run_mode)
+
+
+inprocess_run = _mode_run("inprocess")
+local_run = _mode_run("local")
+ray_run = _mode_run("ray")
+
+
 @pytest.fixture(scope="module")
-def tables(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("pipeline")
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-    commands = {
-        "inprocess": [sys.executable, str(EXAMPLE), "--mode", "inprocess"],
-        "local": [*torchrun, str(EXAMPLE), "--mode", "local"],
-        "ray": [sys.executable, str(EXAMPLE), "--mode", "ray"],
-    }
-    out = {}
-    for mode, cmd in commands.items():
-        path = folder / f"{mode}.json"
-        stdout = run([*cmd, "--steps", STEPS, "--out", str(path)])
-        out[mode] = (json.loads(path.read_text())["steps"], stdout)
-    return out
+def tables(inprocess_run, local_run, ray_run):
+    return {"inprocess": inprocess_run, "local": local_run, "ray": ray_run}
 
 
 def test_every_mode_prints_the_placement_and_the_steps(tables):

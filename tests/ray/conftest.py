@@ -14,6 +14,12 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from _support import prestart
+
+# Fixtures declared with `prestart.fixture` (driver subprocesses with clusters of their own,
+# `twinkle doctor` runs) are made in the background from the session's start, one at a time
+# beside the in-process tests (which keep a core busy themselves): see tests/_support/prestart.py.
+_prestart = prestart.session_fixture(slots=1)
 
 os.environ.pop("RAY_ADDRESS", None)  # never attach to another cluster on this machine
 os.environ["RAY_USAGE_STATS_ENABLED"] = "0"

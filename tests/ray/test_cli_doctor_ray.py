@@ -4,10 +4,14 @@ Two clusters: the suite's simulated two-node cluster (fake GPUs and NPUs, see co
 one-node cluster this module starts in a child process with `ray.init(address='local', ...)`
 (Ray's token authentication on, as Ray 2.60 starts new local clusters), stopped by that child's
 own `ray.shutdown()`: nothing else on the machine is touched.
+
+Every `twinkle doctor` run is a subprocess of its own; they run in the background from the
+session's start (tests/_support/prestart.py) and the tests read their results.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -18,6 +22,7 @@ import textwrap
 import time
 
 import pytest
+from _support import prestart
 from _support.cli import twinkle
 from _support.net import free_port
 
@@ -51,7 +56,7 @@ def base_env(**extra: str) -> dict[str, str]:
     return env
 
 
-@pytest.fixture(scope="module")
+@contextlib.contextmanager
 def token_cluster():
     """A one-node cluster (2 CPUs) with token authentication, held by a child process."""
     temp_dir = tempfile.mkdtemp(prefix="tw-d-", dir="/tmp")
@@ -88,8 +93,46 @@ def token_cluster():
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 
-def test_nodes_of_the_two_node_cluster(cluster):
-    result = twinkle("doctor", "--ray", cluster.address, "--json", env=base_env())
+@prestart.fixture
+def on_token_cluster():
+    """`doctor` against the token cluster: with the token, and without it (and how long that
+    took); the cluster's address."""
+    with token_cluster() as address:
+        with_token = twinkle(
+            "doctor", "--ray", address, "--json", env=base_env(RAY_AUTH_MODE="token")
+        )
+        env = base_env()
+        env.pop("RAY_AUTH_MODE", None)
+        started = time.monotonic()
+        refused = twinkle("doctor", "--ray", address, "--json", env=env)
+        return address, with_token, refused, time.monotonic() - started
+
+
+@prestart.fixture
+def on_session_cluster(cluster):
+    """`doctor --ray ADDRESS --json`, and `doctor --ray` with RAY_ADDRESS set."""
+    return (
+        twinkle("doctor", "--ray", cluster.address, "--json", env=base_env()),
+        twinkle("doctor", "--ray", env=base_env(RAY_ADDRESS=cluster.address)),
+    )
+
+
+@prestart.fixture
+def unreachable():
+    """`doctor` against a port nobody listens on: the port, the run, how long it took."""
+    port = free_port()
+    started = time.monotonic()
+    result = twinkle("doctor", "--ray", f"127.0.0.1:{port}", "--json", env=base_env())
+    return port, result, time.monotonic() - started
+
+
+@prestart.fixture
+def local_refused():
+    return twinkle("doctor", "--ray", "local", "--json", env=base_env())
+
+
+def test_nodes_of_the_two_node_cluster(cluster, on_session_cluster):
+    result = on_session_cluster[0]
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads(result.stdout)
     assert report["problems"] == []
@@ -107,8 +150,8 @@ def test_nodes_of_the_two_node_cluster(cluster):
     assert len({n["node_id"] for n in ray_cluster["nodes"]}) == 2
 
 
-def test_bare_ray_flag_connects_to_RAY_ADDRESS(cluster):
-    result = twinkle("doctor", "--ray", env=base_env(RAY_ADDRESS=cluster.address))
+def test_bare_ray_flag_connects_to_RAY_ADDRESS(cluster, on_session_cluster):
+    result = on_session_cluster[1]
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"ray cluster  {cluster.address}" in result.stdout
     assert "2 live node(s); total CPU=12, GPU=8, NPU=8" in result.stdout
@@ -116,10 +159,8 @@ def test_bare_ray_flag_connects_to_RAY_ADDRESS(cluster):
     assert result.stdout.rstrip().endswith("no problems found")
 
 
-def test_cluster_started_with_ray_init_local(token_cluster):
-    result = twinkle(
-        "doctor", "--ray", token_cluster, "--json", env=base_env(RAY_AUTH_MODE="token")
-    )
+def test_cluster_started_with_ray_init_local(on_token_cluster):
+    result = on_token_cluster[1]
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads(result.stdout)
     [node] = report["ray_cluster"]["nodes"]
@@ -129,35 +170,30 @@ def test_cluster_started_with_ray_init_local(token_cluster):
     assert report["environment"]["RAY_AUTH_MODE"] == "token"
 
 
-def test_cluster_refusing_our_token_names_the_fix(token_cluster):
-    env = base_env()
-    env.pop("RAY_AUTH_MODE", None)
-    started = time.monotonic()
-    result = twinkle("doctor", "--ray", token_cluster, "--json", env=env)
+def test_cluster_refusing_our_token_names_the_fix(on_token_cluster):
+    token_cluster, _, result, took = on_token_cluster
     assert result.returncode == 1
     [problem] = json.loads(result.stdout)["problems"]
     assert token_cluster in problem["problem"]
     assert "authentication token" in problem["problem"]
     assert "RAY_AUTH_MODE=token" in problem["fix"]
     # Stopped on Ray's first refusal, not after the 60 s connect timeout.
-    assert time.monotonic() - started < 55
+    assert took < 55
 
 
-def test_unreachable_address_fails_fast():
-    port = free_port()
-    started = time.monotonic()
-    result = twinkle("doctor", "--ray", f"127.0.0.1:{port}", "--json", env=base_env())
+def test_unreachable_address_fails_fast(unreachable):
+    port, result, took = unreachable
     assert result.returncode == 1
     report = json.loads(result.stdout)
     [problem] = report["problems"]
     assert f"cannot reach the Ray cluster at 127.0.0.1:{port}" in problem["problem"]
     assert "ray start --head" in problem["fix"]
     assert report["ray_cluster"]["nodes"] == []
-    assert time.monotonic() - started < 120  # no Ray connection attempt at all
+    assert took < 120  # no Ray connection attempt at all
 
 
-def test_local_is_refused():
-    result = twinkle("doctor", "--ray", "local", "--json", env=base_env())
+def test_local_is_refused(local_refused):
+    result = local_refused
     assert result.returncode == 1
     [problem] = json.loads(result.stdout)["problems"]
     assert "would start a new cluster" in problem["problem"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import textwrap
 
-import pytest
+from _support import prestart
 from _support.jobs import run_reporting_script
 
 SCRIPT = textwrap.dedent(
@@ -86,9 +86,10 @@ SCRIPT = textwrap.dedent(
 )
 
 
-@pytest.fixture(scope="module")
+@prestart.fixture
 def embedded(tmp_path_factory):
-    """The script's report, its output, and the HOME it ran with (an empty folder)."""
+    """The script's report, its output, and the HOME it ran with (an empty folder); run in
+    the background from the session's start (tests/_support/prestart.py)."""
     tmp_path = tmp_path_factory.mktemp("embedded")
     home = tmp_path / "home"
     home.mkdir()

@@ -20,6 +20,7 @@ import threading
 import time
 
 import pytest
+from _support import prestart
 
 MIB = 256
 LAYERS = 8
@@ -127,16 +128,24 @@ def child(mib: int) -> dict:
     }
 
 
-@pytest.mark.timeout(240)
-def test_a_256_mib_weight_hand_off_leaves_the_driver_flat():
+@prestart.fixture
+def done(tmp_path_factory):
+    """The child's run, in the background from the session's start (tests/_support/
+    prestart.py): it has a cluster of its own."""
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    done = subprocess.run(
+    tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # for `_support`
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [tests, env.get("PYTHONPATH")]))
+    return subprocess.run(
         [sys.executable, __file__, str(MIB)],
         capture_output=True,
         text=True,
         timeout=220,
         env=env,
     )
+
+
+@pytest.mark.timeout(240)
+def test_a_256_mib_weight_hand_off_leaves_the_driver_flat(done):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["sums"] == [result["expected"]] * 2  # both consumers got every byte
