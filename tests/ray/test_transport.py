@@ -223,18 +223,25 @@ def test_held_results_are_dropped_when_the_driver_lets_go(run):
 
 
 def test_auto_picks_nccl_for_large_cuda_results_when_the_probe_says_so(monkeypatch):
-    """The NCCL path shares the gloo code; without a GPU only its selection is checked."""
+    """The NCCL path shares the gloo code; without a GPU only its selection is checked (the
+    Ray Direct Transport ones: test_rdt.py)."""
     registered = transports.registered()
     assert set(registered) >= {"gloo", "nccl"}
     mb = 1 << 20
+
+    def choose(requested, nbytes, device, mode="ray"):
+        return transports.explain(requested, nbytes, device, mode)[0]
+
     monkeypatch.setattr(transports, "cuda_probe", lambda: True)
-    assert choose_transport("auto", 64 * mb, "cuda", "ray", registered) == "nccl"
-    assert choose_transport("auto", 64 * 1024, "cuda", "ray", registered) == "object_store"
-    assert choose_transport("auto", 64 * mb, "cpu", "ray", registered) == "object_store"
-    assert choose_transport("nccl", 64 * mb, "cuda", "local", registered) == "object_store"
+    assert choose("auto", 64 * mb, "cuda") == "nccl"
+    assert choose("auto", 64 * 1024, "cuda") == "object_store"
+    assert choose("auto", 64 * mb, "cpu") == "object_store"
+    assert choose("nccl", 64 * mb, "cuda", "local") == "object_store"
+    assert choose("gloo", 64 * mb, "cpu") == "gloo"
     assert choose_transport("gloo", 64 * mb, "cpu", "ray", registered) == "gloo"
     monkeypatch.setattr(transports, "cuda_probe", lambda: False)
-    assert choose_transport("auto", 64 * mb, "cuda", "ray", registered) == "object_store"
+    monkeypatch.setattr(transports, "nixl_installed", lambda: False)
+    assert choose("auto", 64 * mb, "cuda") == "object_store"
 
 
 @pytest.mark.timeout(300)

@@ -192,6 +192,23 @@ class TwinkleActor:
             args, kwargs = materialize((args, kwargs))
         return self._tw_run(method, args, kwargs)
 
+    def _tw_call_rdt(self, method: str, keys: tuple, /, *args: Any, **kwargs: Any) -> Any:
+        """`_tw_call` for a consumer of results Ray Direct Transport carries: the first
+        `len(keys)` arguments are their RDT refs, resolved by Ray into the tensors (moved
+        device to device), which stand in for those held results (`transports.receive`)."""
+        from .transports import delivered
+
+        n = len(keys)
+        with delivered(keys, args[:n]):
+            return self._tw_call(method, True, *args[n:], **kwargs)
+
+    def _tw_rdt_give(self, key: str) -> list:
+        """A held result's tensors, for a call submitted with `.options(tensor_transport=...)`:
+        Ray keeps them here in its RDT store and moves them to the consuming tasks."""
+        from .transports import give_tensors
+
+        return give_tensors(key)
+
     def _tw_apply(self, fn: Any, /, *args: Any) -> Any:
         """Run twinkle's own function `fn(*args)` in this actor's process (e.g. joining a
         collective group, `twinkle_ray.collective`); user code never comes through here."""

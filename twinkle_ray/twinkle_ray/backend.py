@@ -52,7 +52,13 @@ def actor_class(cls: type) -> tuple[Any, frozenset[str]]:
     made = _actor_classes.get(cls)
     if made is None:
         hosting, direct = actor_class_for(cls)
-        made = _actor_classes[cls] = (ray.remote(hosting), direct)
+        # enable_tensor_transport gives the actors Ray's `_ray_system` concurrency group, where
+        # Ray Direct Transport runs its sends and receives (`transports.RdtTransport`); the
+        # `RDT_GROUP` thread hands held results to it while the actor runs a call.
+        remote = ray.remote(
+            enable_tensor_transport=True, concurrency_groups={transports.RDT_GROUP: 1}
+        )
+        made = _actor_classes[cls] = (remote(hosting), direct)
     return made
 
 

@@ -19,3 +19,5 @@ def register_transports(register) -> None:
     """Device-direct transports carried by the Ray backend (`twinkle_ray.transports`)."""
     register("gloo", "twinkle_ray.transports:GlooTransport")
     register("nccl", "twinkle_ray.transports:NcclTransport")
+    register("cuda_ipc", "twinkle_ray.transports:CudaIpcTransport")
+    register("nixl", "twinkle_ray.transports:NixlTransport")

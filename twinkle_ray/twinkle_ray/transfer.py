@@ -333,7 +333,7 @@ def pack_result(value: Any, transport: str = "object_store", method: str = "") -
 
         chosen, skeleton, tensors, why = decide(transport, value, method)
         if chosen != "object_store":
-            return hold(chosen, skeleton, tensors, result_meta(value))
+            return hold(chosen, skeleton, tensors, result_meta(value), transport == "auto")
     return Stored(result_meta(value), ray.put(value), why)
 
 

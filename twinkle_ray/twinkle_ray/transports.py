@@ -133,7 +133,92 @@ class NcclTransport(TorchTransport):
         return sys.modules[__name__].cuda_probe()
 
 
-BUILTIN = {"gloo": GlooTransport, "nccl": NcclTransport}
+class RdtTransport(Transport):
+    """A transport carried by Ray Direct Transport: the producer hands its held tensors to Ray
+    through `TwinkleActor._tw_rdt_give`, submitted with `.options(tensor_transport=...)`, and
+    the consumer's task takes that ref as an argument of its own, so Ray moves the tensors
+    (`rdt_refs`, `receive`). No torch.distributed group is made for it."""
+
+    modes: ClassVar[tuple[str, ...]] = ("ray",)
+    #: Ray's `tensor_transport` name.
+    ray_tensor_transport: ClassVar[str] = ""
+    #: Device types `auto` may pick it for (a subset of `device_types`).
+    auto_device_types: ClassVar[tuple[str, ...]] = ()
+
+
+def cuda_available() -> bool:
+    """Whether this process has a CUDA device (the hardware probe of `cuda_ipc`)."""
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except Exception:
+        return False
+
+
+class CudaIpcTransport(RdtTransport):
+    """CUDA tensors shared through CUDA IPC handles (Ray's `cuda_ipc`): the consumer maps the
+    producer's memory, no copy. Serves a producer and consumer worker on one node whose
+    devices include the producer's (`pair_transport`); `auto` picks it for those pairs."""
+
+    device_types: ClassVar[tuple[str, ...]] = ("cuda",)
+    auto_device_types: ClassVar[tuple[str, ...]] = ("cuda",)
+    ray_tensor_transport: ClassVar[str] = "cuda_ipc"
+    same_device_only: ClassVar[bool] = True
+    #: Only the driver picks it, per pair (`pair_transport`): never the producer alone.
+    min_bytes: ClassVar[int] = 1 << 62
+
+    @classmethod
+    def is_available(cls) -> bool:
+        return sys.modules[__name__].cuda_available()
+
+
+def nixl_installed() -> bool:
+    """Whether the `nixl` package (NVIDIA's transfer library Ray's `nixl` uses) is installed."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("nixl") is not None
+    except Exception:
+        return False
+
+
+class NixlTransport(RdtTransport):
+    """CUDA or CPU tensors read by the consumer from the producer's memory through NIXL (UCX:
+    RDMA between nodes, shared memory or TCP on one). `auto` picks it for large CUDA results
+    when NCCL is not available; CPU tensors only when named (slower than the object store on
+    one node: docs/data.md)."""
+
+    device_types: ClassVar[tuple[str, ...]] = ("cuda", "cpu")
+    auto_device_types: ClassVar[tuple[str, ...]] = ("cuda",)
+    ray_tensor_transport: ClassVar[str] = "nixl"
+
+    @classmethod
+    def is_available(cls) -> bool:
+        return sys.modules[__name__].nixl_installed()
+
+
+BUILTIN = {
+    "gloo": GlooTransport,
+    "nccl": NcclTransport,
+    "cuda_ipc": CudaIpcTransport,
+    "nixl": NixlTransport,
+}
+
+
+def rdt_name(cls: Any) -> str:
+    """Ray's `tensor_transport` name for transport class `cls`, or "" when it is not one."""
+    name = getattr(cls, "ray_tensor_transport", "") if isinstance(cls, type) else ""
+    return name if isinstance(name, str) else ""
+
+
+def carried(cls: Any) -> bool:
+    """Whether the Ray backend carries transport class `cls` (over torch.distributed or RDT)."""
+    return bool(torch_backend(cls) or rdt_name(cls))
+
+
+def transport_class(name: str) -> Any:
+    return BUILTIN.get(name) or registered().get(name)
 
 
 _loaded: dict[tuple[str, ...], dict[str, type[Transport]]] = {}
@@ -182,6 +267,7 @@ class Held:
     """
 
     __slots__ = (
+        "auto",
         "device_type",
         "group_tag",
         "holder",
@@ -204,6 +290,7 @@ class Held:
         skeleton: Any,
         specs: tuple[tuple[tuple[int, ...], str], ...],
         device_type: str = "cpu",
+        auto: bool = False,
     ) -> None:
         self.meta = meta
         self.transport = transport
@@ -214,6 +301,8 @@ class Held:
         self.skeleton = skeleton
         self.specs = specs
         self.device_type = device_type
+        #: Chosen by `auto` (the driver may then pick another transport per consumer pair).
+        self.auto = auto
 
     def __reduce__(self):
         return (
@@ -228,6 +317,7 @@ class Held:
                 self.skeleton,
                 self.specs,
                 self.device_type,
+                self.auto,
             ),
         )
 
@@ -296,22 +386,42 @@ def decide(requested: str, value: Any, method: str) -> tuple[str, Any, list[Any]
                 "tuples of them); this result holds other values"
             )
         return OBJECT_STORE, None, [], why
-    devices = {t.device.type for t in tensors}
+    devices = {tensor_device(t) for t in tensors}
     if len(devices) > 1:
         return OBJECT_STORE, None, [], f"the result holds tensors on {sorted(devices)}"
     device = devices.pop()
     nbytes = sum(int(t.numel()) * int(t.element_size()) for t in tensors)
-    transports = registered()
     # Decided here, in the worker; the driver logs `why` once (`note_fallback`).
-    chosen, why = explain_transport(requested, nbytes, device, "ray", transports)
+    chosen, why = explain(requested, nbytes, device)
     if chosen == OBJECT_STORE:
         return OBJECT_STORE, None, [], why
-    if not torch_backend(transports[chosen]):
+    if not carried(registered()[chosen]):
         return OBJECT_STORE, None, [], f"transport {chosen!r} is not one the Ray backend carries"
     return chosen, skeleton, tensors, None
 
 
-def hold(transport: str, skeleton: Any, tensors: list[Any], meta: Any) -> Held:
+def tensor_device(tensor: Any) -> str:
+    """The device type of a result's tensor (the hardware probe tests fake)."""
+    return str(tensor.device.type)
+
+
+def auto_serves(cls: Any, device_type: str) -> bool:
+    """Whether `auto` may pick transport class `cls` for `device_type` tensors."""
+    only = getattr(cls, "auto_device_types", None)
+    return only is None or device_type in only
+
+
+def explain(requested: str, nbytes: int, device_type: str, mode: str = "ray") -> tuple[str, Any]:
+    """Core's `explain_transport` over the registered transports, `auto` considering only
+    those whose `auto_device_types` include `device_type` (nixl serves CPU tensors when
+    named, but `auto` leaves them on the object store)."""
+    pool = registered()
+    if requested == AUTO:
+        pool = {n: c for n, c in pool.items() if auto_serves(c, device_type)}
+    return explain_transport(requested, nbytes, device_type, mode, pool)
+
+
+def hold(transport: str, skeleton: Any, tensors: list[Any], meta: Any, auto: bool = False) -> Held:
     """Keep `tensors` here (no copy) and describe them for the driver and the consumers."""
     key = uuid.uuid4().hex
     with _outbox_lock:
@@ -327,7 +437,8 @@ def hold(transport: str, skeleton: Any, tensors: list[Any], meta: Any) -> Held:
         os.environ.get("TWINKLE_WORKER_GROUP", ""),
         skeleton,
         specs,
-        tensors[0].device.type,
+        tensor_device(tensors[0]),
+        auto,
     )
 
 
@@ -387,14 +498,17 @@ def group_name(backend: str, producer_tag: str, consumer_tag: str) -> str:
 
 
 def receive(held: Held) -> Any:
-    """Run in a consumer: the held result, over the transport group the driver set up for
-    this pair of groups, else (no such group: the driver, another worker) through the object
-    store from its holder."""
+    """Run in a consumer: the held result, delivered by Ray Direct Transport with this call
+    (`delivered`), else over the transport group the driver set up for this pair of groups,
+    else (no such group: the driver, another worker) through the object store from its
+    holder."""
     with _outbox_lock:
         local = _OUTBOX.get(held.key)
-    if local is not None:  # this worker made it
+        if local is None:
+            local = _INBOX.get(held.key)
+    if local is not None:  # this worker made it, or Ray delivered it with this call
         return _fill(held.skeleton, local)
-    backend = torch_backend(BUILTIN.get(held.transport) or registered().get(held.transport))
+    backend = torch_backend(transport_class(held.transport))
     ctx = get_worker_context()
     name = group_name(backend, held.group_tag, os.environ.get("TWINKLE_WORKER_GROUP", ""))
     member = None if ctx is None or not backend else ctx.collectives.get(name)
@@ -423,6 +537,117 @@ def receive(held: Held) -> Any:
 def fetch_ref(held: Held) -> Any:
     """A ref to the held result itself, put in the object store by its holder."""
     return held.holder._tw_apply.remote(give_held, held.key, held.skeleton)
+
+
+# ----------------------------------------------------------------------- Ray Direct Transport
+#: The actors' concurrency group (one thread) that hands held tensors to Ray's RDT store, so a
+#: producer busy with a long call does not hold its consumers up (`TwinkleActor._tw_rdt_give`).
+RDT_GROUP = "_tw_rdt"
+
+#: key -> the tensors Ray delivered for a held result as an argument of the running call (in a
+#: consumer, while `TwinkleActor._tw_call_rdt` runs).
+_INBOX: dict[str, list[Any]] = {}
+
+
+def give_tensors(key: str) -> list[Any]:
+    """Run in the producer (`_tw_rdt_give`): a held result's tensors, which Ray keeps in its
+    RDT store (no copy) and moves to each consumer task that takes the returned ref."""
+    return list(_taken(key))
+
+
+class delivered:
+    """`with delivered(keys, tensor_lists):` makes the tensors Ray delivered for held results
+    `keys` what `receive` returns for them while the consumer's call runs."""
+
+    def __init__(self, keys: tuple[str, ...], tensor_lists: tuple[Any, ...]) -> None:
+        self.items = dict(zip(keys, tensor_lists, strict=True))
+
+    def __enter__(self) -> None:
+        with _outbox_lock:
+            _INBOX.update(self.items)
+
+    def __exit__(self, *exc: Any) -> None:
+        with _outbox_lock:
+            for key in self.items:
+                _INBOX.pop(key, None)
+
+
+#: (held key, Ray's transport name) -> the ref `_tw_rdt_give` returned, on the driver: one RDT
+#: object per held result and transport, however many consumer tasks take it.
+_RDT_REFS: dict[tuple[str, str], Any] = {}
+_rdt_lock = threading.Lock()
+
+
+def submit_rdt(handle: Any, key: str, tensor_transport: str) -> Any:
+    """Have the producer actor `handle` hand held result `key` to Ray Direct Transport."""
+    method = handle._tw_rdt_give.options(
+        tensor_transport=tensor_transport, concurrency_group=RDT_GROUP
+    )
+    return method.remote(key)
+
+
+def rdt_ref(handle: Any, key: str, tensor_transport: str) -> Any:
+    """The RDT ref of held result `key` (made on first use, `submit_rdt`)."""
+    with _rdt_lock:
+        ref = _RDT_REFS.get((key, tensor_transport))
+        if ref is None:
+            submit = sys.modules[__name__].submit_rdt  # looked up here: tests record it
+            ref = _RDT_REFS[(key, tensor_transport)] = submit(handle, key, tensor_transport)
+        return ref
+
+
+def rdt_refs_count() -> int:
+    """How many RDT objects the driver keeps for held results (for tests)."""
+    return len(_RDT_REFS)
+
+
+def colocated(producer: Any, rank: int, consumer: Any, consumer_rank: int) -> bool:
+    """Whether consumer worker `consumer_rank` runs on producer worker `rank`'s node and sees
+    its devices (what CUDA IPC needs), by twinkle's own placements."""
+    try:
+        p, c = producer.placements[rank], consumer.placements[consumer_rank]
+    except (IndexError, AttributeError):
+        return False
+    return bool(p.node and p.node == c.node and p.devices and set(p.devices) <= set(c.devices))
+
+
+def pair_transport(envelope: Held, producer: Any, consumer: Any, rank: int) -> tuple[str, str]:
+    """(the transport carrying held result `envelope` to consumer worker `rank`, why not):
+    the name and "", or "" and the reason its holder serves it through the object store.
+
+    `auto` (the producer chose a device-direct path) takes a same-device-only transport
+    (`cuda_ipc`) for a consumer that shares the producer's device; a named one must serve the
+    consumer's device type, and `cuda_ipc` a consumer sharing the device.
+    """
+    ctype = consumer.group.device_type
+    name = envelope.transport
+    if envelope.auto and colocated(producer, envelope.rank, consumer, rank):
+        for other, cls in registered().items():
+            if getattr(cls, "same_device_only", False) and envelope.device_type in getattr(
+                cls, "auto_device_types", ()
+            ):
+                return other, ""
+    cls = transport_class(name)
+    if rdt_name(cls):
+        if ctype != envelope.device_type:
+            return "", (
+                f"its {ctype} workers cannot receive {envelope.device_type} tensors over "
+                f"{name!r}; results reach them from their holder"
+            )
+        if getattr(cls, "same_device_only", False) and not colocated(
+            producer, envelope.rank, consumer, rank
+        ):
+            return "", (
+                f"{name!r} needs the consumer on the producer's node and device; results "
+                "reach its workers from their holder"
+            )
+        return name, ""
+    if torch_backend(cls) and ctype not in cls.device_types:
+        return "", (
+            f"its {ctype} workers cannot receive over {name!r}; results reach them from "
+            "their holder"
+        )
+    return (name, "") if torch_backend(cls) else ("", f"{name!r} is not carried on Ray")
 
 
 # ----------------------------------------------------------------------- driver side
@@ -498,14 +723,19 @@ class _Groups:
 GROUPS = _Groups()
 
 
-def before_submit(consumer: Any, calls: list[Any], held: dict[Any, tuple[Held, Any]]) -> None:
-    """Queue the sends of held results the consumer's `calls` stand for (see the module doc).
+def before_submit(
+    consumer: Any, calls: list[Any], held: dict[Any, tuple[Held, Any]]
+) -> dict[int, list[tuple[str, Any]]]:
+    """Queue the sends of held results the consumer's `calls` stand for (see the module doc);
+    {call index: [(held key, RDT ref)]} for results Ray Direct Transport carries, which the
+    call's task must take as arguments of its own (`TwinkleActor._tw_call_rdt`).
 
     `held` maps a producer's reply ref to its `Held` envelope and producer RayWorkerGroup.
     """
     from .transfer import _placeholders
 
-    for call in calls:
+    extra: dict[int, list[tuple[str, Any]]] = {}
+    for index, call in enumerate(calls):
         found: list[Any] = []
         _placeholders((call.args, call.kwargs), found)
         refs = dict.fromkeys(ref for p in found for ref in p.refs())
@@ -516,20 +746,21 @@ def before_submit(consumer: Any, calls: list[Any], held: dict[Any, tuple[Held, A
             envelope, producer = hit
             if producer is consumer:
                 continue  # a group handing to itself: the consumer fetches it from its holder
-            cls = BUILTIN.get(envelope.transport) or registered().get(envelope.transport)
-            backend = torch_backend(cls)
-            if backend and consumer.group.device_type not in cls.device_types:
-                note_fallback(
-                    f"{consumer.class_name} (group {consumer.group.name!r})",
-                    f"its {consumer.group.device_type} workers cannot receive over "
-                    f"{envelope.transport!r}; results reach them from their holder",
-                )
+            chosen, why = pair_transport(envelope, producer, consumer, call.rank)
+            if not chosen:
+                note_fallback(f"{consumer.class_name} (group {consumer.group.name!r})", why)
                 continue
-            name = GROUPS.ensure(backend, producer, consumer) if backend else None
+            cls = transport_class(chosen)
+            holder = producer.handles[envelope.rank]
+            if rdt_name(cls):
+                ref = rdt_ref(holder, envelope.key, rdt_name(cls))
+                extra.setdefault(index, []).append((envelope.key, ref))
+                continue
+            name = GROUPS.ensure(torch_backend(cls), producer, consumer)
             if name is None:
                 continue
-            dst = producer.size + call.rank
-            producer.handles[envelope.rank]._tw_apply.remote(send_held, envelope.key, name, dst)
+            holder._tw_apply.remote(send_held, envelope.key, name, producer.size + call.rank)
+    return extra
 
 
 def held_replies(refs: list[Any], replies: Iterable[Any]) -> dict[Any, Held]:
@@ -548,6 +779,10 @@ def track(pending: Any, replies: list[Any]) -> None:
 
 
 def _drop(keys: dict[Any, list[str]]) -> None:
+    gone = {k for ks in keys.values() for k in ks}
+    with _rdt_lock:  # Ray frees an RDT object when its last ref is gone
+        for pair in [p for p in _RDT_REFS if p[0] in gone]:
+            del _RDT_REFS[pair]
     if not ray.is_initialized():
         return
     for holder, ks in keys.items():

@@ -656,23 +656,33 @@ class RayWorkerGroup(WorkerGroup):
             )
         register_tensor_serializer()
         held = getattr(self._local, "held", None)
+        rdt = None
         if held:
             self._local.held = None
             if has_remote:
-                before_submit(self, calls, held)  # queues the producers' sends first
+                rdt = before_submit(self, calls, held)  # queues the producers' sends first
         if any(c.args or c.kwargs for c in calls):
             # Arguments Ray would ship wrongly (an open file, a lock) are refused before
             # anything is sent, and one that does not pickle is named without its value.
             with checked_arguments(self.class_name, method, calls):
-                refs = self._send(method, calls, has_remote)
+                refs = self._send(method, calls, has_remote, rdt)
         else:
-            refs = self._send(method, calls, has_remote)
+            refs = self._send(method, calls, has_remote, rdt)
         return RayPendingCall(self, method, [c.rank for c in calls], refs, self.restarts)
 
-    def _send(self, method: str, calls: list[WorkerCall], has_remote: bool) -> list[Any]:
+    def _send(
+        self,
+        method: str,
+        calls: list[WorkerCall],
+        has_remote: bool,
+        rdt: dict[int, list[tuple[str, Any]]] | None = None,
+    ) -> list[Any]:
         """One actor task per call: the method under its own name with exactly the user's
-        arguments, or (arguments holding remote placeholders, reserved names) by name."""
+        arguments, or (arguments holding remote placeholders, reserved names) by name; a
+        call taking results Ray Direct Transport carries also takes their refs (`rdt`)."""
         shipped = ship_all(calls)
+        if rdt:
+            return self._send_rdt(method, calls, shipped, rdt)
         with self._send_lock:  # submitting only: never waits on a worker
             if not has_remote and method in self.direct:
                 return [
@@ -685,6 +695,22 @@ class RayWorkerGroup(WorkerGroup):
                 )
                 for call, (args, kwargs) in zip(calls, shipped, strict=True)
             ]
+
+    def _send_rdt(
+        self,
+        method: str,
+        calls: list[WorkerCall],
+        shipped: list[tuple[tuple, dict]],
+        rdt: dict[int, list[tuple[str, Any]]],
+    ) -> list[Any]:
+        with self._send_lock:
+            refs = []
+            for i, (call, (args, kwargs)) in enumerate(zip(calls, shipped, strict=True)):
+                pairs = rdt.get(i, ())
+                keys = tuple(k for k, _ in pairs)
+                bound = self.actor_method(call.rank, f"{RESERVED_PREFIX}call_rdt")
+                refs.append(bound.remote(method, keys, *(r for _, r in pairs), *args, **kwargs))
+            return refs
 
     # ------------------------------------------------------------------ chaining
     def resolve_argument(self, value: LazyCollect, dispatcher: Any = None) -> Any:
