@@ -9,6 +9,11 @@ runs both twinkle and raw torch.distributed, alternately:
 Fair because the raw calls are what each collect mode must do at least (one collective over the
 same gloo transport between the same two processes); the ratio is twinkle's bookkeeping
 (call numbering, failure exchange, result shapes) on top.
+
+5a's note also gives the floor of a *checked* mean: one `all_reduce` of two float64s (the value
+and one check number), the least a call needs that must also notice ranks at different calls.
+gloo reduces a single element in one step and two or more in several, so on this machine that
+floor is itself about 1.6x the one-number `all_reduce` (see docs/performance.md).
 """
 
 from __future__ import annotations
@@ -40,12 +45,19 @@ def run(ctx: Context) -> list[Row]:
     job_s = time.perf_counter() - start
     s = result["samples"]
     extra = {"job_wall_s": job_s, "initialize_s": result["initialize_s"]}
+    checked = median(s["raw-all_reduce-checked"])
+    floor = (
+        f"all_reduce of value+check: {checked * 1e6:.0f} us, "
+        f"{checked / median(s['raw-all_reduce']):.2f}x the one-number one; "
+        f"twinkle {median(s['twinkle-mean']) / checked:.2f}x it"
+    )
     return [
         Row(
             "5a",
             "torchrun 2 procs: collect='mean' of a scalar vs all_reduce",
             median(s["twinkle-mean"]),
             median(s["raw-all_reduce"]),
+            note=floor,
             extra=extra,
             samples={"twinkle": s["twinkle-mean"], "raw": s["raw-all_reduce"]},
         ),

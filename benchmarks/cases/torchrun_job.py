@@ -68,6 +68,17 @@ def main() -> None:
             got = t.item() / world
         assert got == value, got
 
+    def raw_mean_checked() -> None:
+        # The least a call that also detects diverging ranks needs: the value and one check
+        # number in one all_reduce. gloo all-reduces a single element in one step and anything
+        # longer in more, so this is the floor for a checked collect='mean' here.
+        for _ in range(args.calls):
+            t = torch.tensor([value, 1.0], dtype=torch.float64)
+            dist.all_reduce(t)
+            got = t[0].item() / world
+            assert t[1].item() == world
+        assert got == value, got
+
     def twinkle_none() -> None:
         for _ in range(args.calls):
             got = worker.nothing()()
@@ -82,6 +93,7 @@ def main() -> None:
     variants = {
         "twinkle-mean": twinkle_mean,
         "raw-all_reduce": raw_mean,
+        "raw-all_reduce-checked": raw_mean_checked,
         "twinkle-none": twinkle_none,
         "raw-all_gather_object": raw_none,
     }
