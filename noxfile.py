@@ -170,6 +170,7 @@ def _groups(*names: str) -> tuple[str, ...]:
 
 WHEELS = ROOT / ".nox" / ".twinkle-wheels"
 STAMP = "twinkle-wheels.json"  # in each environment: {package folder: hash of what is installed}
+IMPORTED = "twinkle-imported.json"  # in each environment: what _check_env last imported there
 _NOT_SOURCE = {"build", "dist", "__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache"}
 
 
@@ -275,19 +276,30 @@ def _check_env(session: nox.Session, imports: tuple[str, ...], forbid: tuple[str
 
     uv installs no bytecode; this first import writes it (-I: whatever PYTHONDONTWRITEBYTECODE
     says), so the many processes a suite starts do not each compile torch and ray from source.
+    An environment whose installed packages did not change since its last successful import
+    (same twinkle wheels, same torch pin) is only checked for forbidden modules: importing torch
+    and ray again would cost seconds per session and write nothing new.
     """
     # One process: the forbidden modules are looked for before the imports (an import of torch
     # or ray by a twinkle package would otherwise hide that the environment holds it).
     fix = f"recreate it with `nox -s {session.name} --reuse-venv=no`"
+    location = Path(session.virtualenv.location)
+    marker = location / IMPORTED
+    stamp = location / STAMP
+    done = json.dumps([imports, TORCH, stamp.read_text() if stamp.exists() else ""])
+    imported = marker.exists() and marker.read_text() == done
     code = (
         f"import importlib.util as u, sys; found = [m for m in {forbid!r} if u.find_spec(m)]; "
-        f"found and sys.exit(f'the {session.name} environment must not hold {{found}}: {fix}'); "
-        f"import {', '.join(imports)}"
+        f"found and sys.exit(f'the {session.name} environment must not hold {{found}}: {fix}')"
     )
+    if not imported:
+        code += f"; import {', '.join(imports)}"
     try:
         session.run("python", "-I", "-c", code, silent=True)
     except CommandFailed:
+        marker.unlink(missing_ok=True)
         session.error(f"the {session.name} environment is not as it should be (output above)")
+    marker.write_text(done)
 
 
 def _start_report(suite: str) -> Path:
