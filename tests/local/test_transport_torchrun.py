@@ -85,6 +85,8 @@ def test_weight_handoff_moves_rank0s_tensors_once(reports, rank):
     producer_call = handoff["seen"][:-1]  # the consumer's call is one slot gather (a float)
     _assert_handed_over(producer_call, handoff["used_bytes"])
     assert handoff["seen"][-1] == ["_allgather_base", SLOT_BYTES]
+    assert handoff["later_same"] and handoff["after_writes"]
+    assert handoff["later_is_a_copy"] and handoff["writable_is_a_copy"]
 
 
 @pytest.mark.parametrize("rank", [0, 1])

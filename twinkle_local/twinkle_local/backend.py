@@ -116,6 +116,8 @@ class LocalBackend(ExecutionBackend):
         #: Groups of the transports' torch.distributed backends other than gloo (which uses
         #: the control group), by backend name: made on first use, destroyed at shutdown.
         self._transport_groups: dict[str, Any] = {}
+        #: Tensors handed to the next call's arguments without a copy (`share`), by id.
+        self._shared: dict[int, Any] = {}
 
     # ----------------------------------------------------------------- start
     def initialize(self, config) -> None:
@@ -306,6 +308,27 @@ class LocalBackend(ExecutionBackend):
             group = dist.new_group(backend=torch_backend, timeout=timeout)
             self._transport_groups[torch_backend] = group
         return group
+
+    def share(self, value: Any) -> None:
+        """The tensors in `value` (dicts, lists, tuples) go to the next call's workers as
+        they are (see `LocalWorkerGroup.resolve_argument`)."""
+        stack = [value]
+        while stack:
+            item = stack.pop()
+            kind = type(item)
+            if kind in (list, tuple):
+                stack.extend(item)
+            elif isinstance(item, dict):
+                stack.extend(item.values())
+            elif kind.__name__ == "Tensor" and kind.__module__.startswith("torch"):
+                self._shared[id(item)] = item
+
+    def shared_memo(self) -> dict[int, Any]:
+        """A `copy.deepcopy` memo that keeps the shared tensors as they are."""
+        return dict(self._shared)
+
+    def unshare(self) -> None:
+        self._shared.clear()
 
     # ----------------------------------------------------------------- calls
     def node_of(self, rank: int) -> str | None:

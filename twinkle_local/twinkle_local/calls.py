@@ -6,6 +6,7 @@ process holds the same results (or the same failures) as a Ray driver would.
 
 from __future__ import annotations
 
+import copy
 import pickle
 from typing import Any
 
@@ -39,6 +40,7 @@ class LocalPendingCall(CompletedCall):
         label: str = "",
         partial: bool = False,
         error: BaseException | None = None,
+        private: bool = False,
     ) -> None:
         super().__init__(results if results is not None else [], failures)
         #: An error of the call itself (not of a worker), raised on every process.
@@ -50,6 +52,11 @@ class LocalPendingCall(CompletedCall):
         self.reduce_op = reduce_op
         self.mesh = mesh
         self.label = label
+        #: Whether results hold tensors a transport delivered that nothing else references
+        #: (received, or the holder's copy): a hand-off gives them on without a copy.
+        self.private = private
+        #: Whether they were handed to another call (`hand_off`): later collects copy them.
+        self.handed = False
 
     def _raise_failures(self) -> None:
         if self.error is not None:
@@ -80,6 +87,17 @@ class LocalPendingCall(CompletedCall):
         return self.error is None and not self.failures
 
     def collect(self, collector: Collector, device_mesh: DeviceMesh, timeout: float | None) -> Any:
+        value = self._collect(collector, device_mesh, timeout)
+        # The tensors handed to another call are that call's (it may keep them): a copy here.
+        return copy.deepcopy(value) if self.handed else value
+
+    def hand_off(self, collector: Collector, device_mesh: DeviceMesh) -> Any:
+        """The collected value for another call's argument, without a copy (`private`)."""
+        value = self._collect(collector, device_mesh, None)
+        self.handed = True
+        return value
+
+    def _collect(self, collector: Collector, device_mesh: DeviceMesh, timeout: float | None) -> Any:
         self._raise_failures()
         same_mesh = device_mesh is self.mesh or device_mesh == self.mesh
         if self.reduced is not _UNSET and collector.reduce_op == self.reduce_op and same_mesh:

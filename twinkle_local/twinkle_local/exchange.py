@@ -431,7 +431,9 @@ class Exchange:
                 results[index] = self.mine[2]  # the holder's own objects, as the exchange does
             else:
                 results[index] = fill(envelope.skeleton, tensors)
-        return LocalPendingCall(results, failures, mesh=self.mesh, label=label, partial=True)
+        return LocalPendingCall(
+            results, failures, mesh=self.mesh, label=label, partial=True, private=backend.isolate
+        )
 
     # ----------------------------------------------------------------- sum / mean
     def _fast_reduce(self, heads: list[tuple]) -> tuple[bool, list[int], Any]:

@@ -330,25 +330,31 @@ def _as_bytes(t: Any) -> Any:
 
 def broadcast_held(pg: Any, src: int, held: Held | None, envelope: Envelope, isolate: bool) -> list:
     """Broadcast a held result's tensors from group rank `src` over `pg`: the holder sends
-    `held.tensors` (and gets them back, copied when `isolate`), the others receive into new
-    tensors on their current device. The same call, in the same order, on every process."""
+    `held.tensors` and gets copies of them when `isolate` (made while the broadcasts run, so
+    the copy costs no time of its own), the others receive into new tensors on their current
+    device. The same call, in the same order, on every process."""
     import torch
     import torch.distributed as dist
 
-    out = []
+    works = []
     if held is not None:
         for t in held.tensors:
             send = t.detach() if t.is_contiguous() else t.detach().contiguous()
             if send.numel():
-                dist.broadcast(_as_bytes(send), group_src=src, group=pg)
-            out.append(t.detach().clone() if isolate else t)
-        return out
-    device = receive_device(envelope.device_type)
-    for shape, dtype in envelope.specs:
-        t = torch.empty(shape, dtype=getattr(torch, dtype), device=device)
-        if t.numel():
-            dist.broadcast(_as_bytes(t), group_src=src, group=pg)
-        out.append(t)
+                works.append(
+                    dist.broadcast(_as_bytes(send), group_src=src, group=pg, async_op=True)
+                )
+        out = [t.detach().clone() for t in held.tensors] if isolate else list(held.tensors)
+    else:
+        device = receive_device(envelope.device_type)
+        out = []
+        for shape, dtype in envelope.specs:
+            t = torch.empty(shape, dtype=getattr(torch, dtype), device=device)
+            if t.numel():
+                works.append(dist.broadcast(_as_bytes(t), group_src=src, group=pg, async_op=True))
+            out.append(t)
+    for work in works:
+        work.wait()
     return out
 
 

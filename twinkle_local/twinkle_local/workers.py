@@ -76,7 +76,7 @@ class LocalWorkerGroup(WorkerGroup):
         #: The worker's generators for the backend's fast switch (None: core's activate()).
         self.party = party
         self._timeouts: dict[str, float | None] = {}
-        self._transports: dict[str, str] = {}
+        self._transports: dict[str, tuple[str, bool]] = {}
         self._reps: dict[tuple, tuple[DeviceMesh, frozenset[int]]] = {}
 
     def _representatives(self, count: int, mesh: DeviceMesh) -> frozenset[int]:
@@ -105,14 +105,44 @@ class LocalWorkerGroup(WorkerGroup):
             self._timeouts[method] = float(timeout) if ok and timeout > 0 else None
         return self._timeouts[method]
 
-    def method_transport(self, method: str) -> str:
-        """The `transport=` of `@remote_function` on `method` ('auto' when it has none)."""
+    def method_transport(self, method: str) -> tuple[str, bool]:
+        """The `transport=` ('auto' when none) and `writable_args=` of `@remote_function` on
+        `method`."""
         known = self._transports.get(method)
         if known is None:
             spec = getattr(getattr(self.cls, method, None), _SPEC_ATTR, None)
-            known = getattr(spec, "transport", None)
-            known = self._transports[method] = known if isinstance(known, str) else "auto"
+            name = getattr(spec, "transport", None)
+            known = (
+                name if isinstance(name, str) else "auto",
+                getattr(spec, "writable_args", False) is True,
+            )
+            self._transports[method] = known
         return known
+
+    def resolve_argument(self, value: Any, dispatcher: Any = None) -> Any:
+        """A LazyCollect handed to a call of this group: its value, and when a transport
+        delivered its tensors (fresh buffers, or the holder's copy) and nobody collected it
+        yet, those very tensors: the call's argument copy (`isolate`) keeps them as they are
+        unless the method declares `writable_args=True`. A later collect of the LazyCollect
+        gets a copy."""
+        source = getattr(value, "source", None)
+        pending = getattr(source, "pending", None)
+        if value.resolved or not isinstance(pending, ExchangedCall):
+            return value()
+        producer = source.workers
+        try:
+            timeout = producer.method_timeout(source.method.rsplit(".", 1)[-1])
+            outcome = pending._outcome(timeout)
+        except Exception:
+            return value()  # (a timeout or a lost process: raised as collecting raises it)
+        if not outcome.private or not outcome.succeeded():
+            return value()  # (waits, raises, copies as always)
+        try:
+            got = outcome.hand_off(source.collector, source.device_mesh)
+        except Exception:
+            return value()  # the collector's error, raised as collecting raises it
+        self.backend.share(got)
+        return got
 
     def _run(self, method: str, call: WorkerCall, info: CallInfo) -> tuple[bool, Any]:
         """Run `call` on this process's worker, as that worker, bounded by the method's
@@ -130,7 +160,9 @@ class LocalWorkerGroup(WorkerGroup):
         backend = self.backend
         args, kwargs = call.args, call.kwargs
         if backend.isolate and not _immutable(args, kwargs):
-            args, kwargs = copy.deepcopy((args, kwargs))
+            # Tensors a hand-off delivered are this call's already (unless it writes in place).
+            memo = {} if self.method_transport(method)[1] else backend.shared_memo()
+            args, kwargs = copy.deepcopy((args, kwargs), memo)
         timeout = self.method_timeout(method)
         rng = backend.rng
         party = self.party
@@ -239,7 +271,7 @@ class LocalWorkerGroup(WorkerGroup):
                             ok, value, restore = self._run_keeping_generators(method, call, info)
                             mine = (index, ok, value)
                 reps = self._representatives(len(calls), mesh) if kind == KIND_REDUCE else _NONE
-                transport = self.method_transport(method)
+                transport = self.method_transport(method)[0]
                 held, skip, partial = None, False, False
                 if transport != OBJECT_STORE and backend.channel.distributed:
                     # Only the results the collector uses travel; large tensors by transport.
@@ -267,6 +299,7 @@ class LocalWorkerGroup(WorkerGroup):
                 exchange.start()
                 backend.enqueue(exchange)
             finally:
+                backend.unshare()
                 if restore is not None:  # the driver's generators back, while gloo works
                     restore()
         return ExchangedCall(exchange)

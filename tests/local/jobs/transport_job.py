@@ -203,6 +203,15 @@ class Consumer:
         self.weights = weights
         return float(weights["w"].double().sum()) + float(weights["b"].double().sum())
 
+    @remote_function(dispatch="all", collect="none")
+    def pointer(self) -> int:
+        return self.weights["w"].data_ptr()
+
+    @remote_function(dispatch="all", collect="none", writable_args=True)
+    def scale(self, weights) -> int:
+        weights["w"].mul_(2.0)  # in place: declared writable_args, so a private copy
+        return weights["w"].data_ptr()
+
 
 @remote_class()
 class Odd:
@@ -314,6 +323,16 @@ report["handoff"] = {
     "seen": seen_get + seen_load,
     "used_bytes": used_bytes("first", "dict"),
 }
+
+# The LazyCollect handed on: the consumer kept the delivered tensors (no copy), a later
+# collect gets its own copy, and a writable_args method gets a private one.
+handed = consumer.pointer()()[RANK]
+later = lazy()
+scaled = consumer.scale(lazy)()[RANK]
+report["handoff"]["later_same"] = same(later, weights)
+report["handoff"]["later_is_a_copy"] = later["w"].data_ptr() != handed
+report["handoff"]["writable_is_a_copy"] = scaled not in (handed, later["w"].data_ptr())
+report["handoff"]["after_writes"] = same(lazy(), weights) and same(later, weights)
 
 for name in ("big_auto", "big_store", "small_auto"):
     value, seen = collectives(lambda n=name: getattr(producer, n)()())
