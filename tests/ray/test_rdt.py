@@ -312,3 +312,26 @@ def test_held_results_and_their_rdt_objects_are_dropped_when_the_driver_lets_go(
         time.sleep(0.1)
     assert transports.rdt_refs_count() == 0
     assert producer.held()(60) == [0, 0]
+
+
+@pytest.mark.timeout(300)
+def test_a_result_dropped_right_after_its_consumer_is_submitted_still_arrives(run):
+    """`consumer.take(producer.f())`: the producer's call is garbage as soon as the consumer's
+    is submitted, while its give to Ray waits on the producer's RDT thread (kept busy here);
+    the drop must not overtake the give."""
+    producer, consumer, _, _ = run
+    busy = [
+        h._tw_apply.options(concurrency_group=transports.RDT_GROUP).remote(time.sleep, 1.5)
+        for h in producer.__dict__["_twinkle_binding"].workers.handles
+    ]
+    got = consumer.take(producer.weights_nixl(ROWS))(120)
+    assert got[0][0]["step"] == 7 and len(got[0][1]) == 1
+    ray.get(busy)
+    for _ in range(3):
+        assert consumer.take(producer.weights_nixl(ROWS))(120)[1][0]["step"] == 7
+    for _ in range(100):
+        gc.collect()
+        if producer.held()(60) == [0, 0]:
+            break
+        time.sleep(0.1)
+    assert producer.held()(60) == [0, 0]

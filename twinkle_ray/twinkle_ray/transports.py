@@ -480,10 +480,24 @@ def send_held(key: str, group: str, dst: int) -> bool:
     return True
 
 
-def drop_held(keys: list[str]) -> int:
-    """Run in the producer: forget held results nobody can ask for any more."""
+#: key -> how many of the `parts` drops of a held result arrived (see `_drop`).
+_DROPS: dict[str, int] = {}
+
+
+def drop_held(keys: list[str], parts: int = 1) -> int:
+    """Run in the producer: forget held results nobody can ask for any more, once `parts`
+    drops of each arrived (one per thread that may still use it: see `_drop`)."""
+    dropped = 0
     with _outbox_lock:
-        return sum(_OUTBOX.pop(k, None) is not None for k in keys)
+        for key in keys:
+            if parts > 1:
+                arrived = _DROPS.get(key, 0) + 1
+                if arrived < parts:
+                    _DROPS[key] = arrived
+                    continue
+                _DROPS.pop(key, None)
+            dropped += _OUTBOX.pop(key, None) is not None
+    return dropped
 
 
 def held_count() -> int:
@@ -779,14 +793,25 @@ def track(pending: Any, replies: list[Any]) -> None:
 
 
 def _drop(keys: dict[Any, list[str]]) -> None:
+    """Have the holders forget `keys`. The drop is queued behind the sends on the actor's own
+    thread; a result also given to Ray Direct Transport is dropped only when a second drop,
+    queued behind its gives on the `RDT_GROUP` thread, arrived too (the two threads run in no
+    order with each other)."""
     gone = {k for ks in keys.values() for k in ks}
     with _rdt_lock:  # Ray frees an RDT object when its last ref is gone
+        given = {p[0] for p in _RDT_REFS if p[0] in gone}
         for pair in [p for p in _RDT_REFS if p[0] in gone]:
             del _RDT_REFS[pair]
     if not ray.is_initialized():
         return
     for holder, ks in keys.items():
+        plain, both = [k for k in ks if k not in given], [k for k in ks if k in given]
         try:
-            holder._tw_apply.remote(drop_held, ks)
+            if plain:
+                holder._tw_apply.remote(drop_held, plain)
+            if both:
+                holder._tw_apply.remote(drop_held, both, 2)
+                rdt_thread = holder._tw_apply.options(concurrency_group=RDT_GROUP)
+                rdt_thread.remote(drop_held, both, 2)
         except Exception:  # the actor or the cluster is gone
             pass
