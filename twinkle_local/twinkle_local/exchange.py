@@ -517,7 +517,12 @@ class Exchange:
         if specs and all(s is not None and numeric.same_spec(specs[0], s) for s in specs):
             backend.spec_cache[numeric.spec_key(specs[0])] = specs[0]
         return LocalPendingCall(
-            results, failures, mesh=self.mesh, label=self.info.label, partial=True
+            results,
+            failures,
+            reduce_op=self.op,
+            mesh=self.mesh,
+            label=self.info.label,
+            partial=True,
         )
 
     # ----------------------------------------------------------------- divergence
