@@ -143,3 +143,64 @@ def test_a_transport_registered_through_the_hook_is_accepted_by_name(fresh_plugi
         assert Uses(remote_group="g").weights()() == [1]
     finally:
         shutdown()
+
+
+def test_one_name_registered_by_two_plugins_each_for_its_mode(fresh_plugins, caplog):
+    """As twinkle-ray and twinkle-local both register `gloo`: no conflict, and each backend's
+    lookup gets its own class; a second claim on one mode is warned about once."""
+    from twinkle_core import hookimpl
+    from twinkle_core.plugin import transports_for
+    from twinkle_core.plugins import plugin_system
+
+    class OnRay(Transport):
+        device_types, modes = ("cpu",), ("ray",)
+
+    class UnderTorchrun(Transport):
+        device_types, modes = ("cpu",), ("local", "torchrun")
+
+    class AlsoRay(Transport):
+        device_types, modes = ("cpu",), ("ray",)
+
+    def plugin(cls, target=None):
+        class P:
+            @hookimpl
+            def register_transports(self, register):
+                register("lane", target or cls)
+
+        return P()
+
+    system = plugin_system()
+    system.add(plugin(OnRay), "ray-plugin")
+    system.add(plugin(UnderTorchrun), "local-plugin")
+    system.add(plugin(None, "no_such_module_xyz:Gloo"), "broken-plugin")
+    system.ensure_loaded()
+    assert system.names("transports").count("lane") == 1
+    assert transports_for("ray")["lane"] is OnRay
+    assert transports_for("local")["lane"] is UnderTorchrun
+    assert transports_for("torchrun")["lane"] is UnderTorchrun
+    assert transports_for("inprocess")["lane"] is OnRay  # nobody's mode: the first that loads
+    assert "warning" not in caplog.text.lower()
+
+    caplog.set_level(logging.WARNING, logger="twinkle")
+    system.add(plugin(AlsoRay), "second-ray-plugin")
+    for _ in range(2):
+        assert transports_for("ray")["lane"] is OnRay
+    warned = [m for m in caplog.messages if "registered for mode 'ray'" in m]
+    assert warned == [
+        "twinkle: transport 'lane' is registered for mode 'ray' by 'ray-plugin' and "
+        "'second-ray-plugin'; using the first. Uninstall one, or disable one with "
+        "TWINKLE_PLUGINS=<names to load>"
+    ]
+
+
+def test_auto_device_types_limit_what_auto_picks_but_not_what_is_named():
+    """Ray's `nixl` moves CPU tensors when named, but `auto` keeps them on the object store."""
+
+    class Nixl(Transport):
+        device_types, modes = ("cpu", "cuda"), ("ray",)
+        auto_device_types = ("cuda",)
+
+    registered = {"nixl": Nixl}
+    assert choose_transport("auto", BIG, "cuda", "ray", registered) == "nixl"
+    assert choose_transport("auto", BIG, "cpu", "ray", registered) == "object_store"
+    assert choose_transport("nixl", BIG, "cpu", "ray", registered) == "nixl"

@@ -83,6 +83,7 @@ from .transport import (
     choose_transport,
     explain_transport,
     note_fallback,
+    transports_for,
 )
 from .worker import WorkerState, exit_error, run_method, worker_failure
 
@@ -158,6 +159,7 @@ __all__ = [
     "tag_call_site",
     "torch_module",
     "tracing",
+    "transports_for",
     "waiting_for",
     "worker_context",
     "worker_failure",

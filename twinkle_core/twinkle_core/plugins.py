@@ -331,6 +331,12 @@ class PluginSystem:
         """The object registered as `name` for `kind`, imported on first use."""
         return self.registration(kind, name).load()
 
+    def registrations(self, kind: str, name: str) -> list[Registration]:
+        """Every registration of `name` for `kind`, overrides first, then in hook order."""
+        self.ensure_loaded()
+        regs = self._registrations[kind].get(name) or []
+        return [r for r in regs if r.override] + [r for r in regs if not r.override]
+
     def _not_found(self, kind: str, name: str) -> PluginNotFoundError:
         installed = ", ".join(self.names(kind)) or "none"
         msg = f"no twinkle {_SINGULAR[kind]} named {name!r} is installed (installed: {installed})."
@@ -371,9 +377,17 @@ class PluginSystem:
         return self.ensure_loaded().pm.hook
 
 
+#: Kinds whose names several plugins may register, each for its own modes (a transport named
+#: `gloo` is carried one way on Ray and another under torchrun): `transport.transports_for`
+#: picks per mode, `get_plugin` returns the first.
+SHARED_NAME_KINDS = ("transports",)
+
+
 def _conflict(kind: str, name: str, regs: list[Registration]) -> str | None:
     plain = [r for r in regs if not r.override]
     overrides = [r for r in regs if r.override]
+    if kind in SHARED_NAME_KINDS:
+        plain = plain[:1]
     clash = overrides if len(overrides) > 1 else plain if len(plain) > 1 else None
     if not clash:
         return None

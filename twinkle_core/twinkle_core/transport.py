@@ -46,6 +46,9 @@ class Transport:
     modes: ClassVar[tuple[str, ...]] = ()
     #: Payloads smaller than this go to the object store under `auto`.
     min_bytes: ClassVar[int] = AUTO_MIN_BYTES
+    #: Device types `auto` may pick it for; None: all of `device_types`. (Ray's `nixl` moves
+    #: CPU tensors when named but is no faster than the object store for them on one node.)
+    auto_device_types: ClassVar[tuple[str, ...] | None] = None
     #: The torch.distributed backend that carries it point to point ("gloo", "nccl", "hccl"),
     #: or "" when it is carried some other way (e.g. Ray Direct Transport). A backend that
     #: builds its own process groups between groups (twinkle-ray) carries every transport that
@@ -94,6 +97,50 @@ def check_registered(value: str, argument: str) -> str:
     return check_known(value, names, argument)
 
 
+def transports_for(mode: str) -> dict[str, type[Transport]]:
+    """Every registered transport by name, as backend `mode` sees it (sorted by name).
+
+    Several plugins may register one name, each for the modes it carries (twinkle-ray's `gloo`
+    for mode 'ray', twinkle-local's for 'local'): for each name, the first registration whose
+    class lists `mode` in its `modes`, else the first that loads (whose `serves` then says no,
+    and the `auto` rule falls back). A registration that fails to import is skipped.
+    """
+    from .plugins import plugin_system
+
+    system = plugin_system()
+    out: dict[str, type[Transport]] = {}
+    for name in system.names("transports"):
+        first: Any = None
+        carriers: list[str] = []  # plugins whose class for `name` lists `mode`
+        for reg in system.registrations("transports", name):
+            try:
+                cls = reg.load()
+            except Exception as exc:  # a broken plugin must not stop a result from travelling
+                log.debug("twinkle: transport %r of plugin %r: %s", name, reg.plugin, exc)
+                continue
+            if mode in getattr(cls, "modes", ()):
+                if not carriers:
+                    first = cls
+                carriers.append(reg.plugin)
+            elif first is None:
+                first = cls
+        if len(carriers) > 1 and (name, mode) not in _doubled:
+            _doubled.add((name, mode))
+            log.warning(
+                "twinkle: transport %r is registered for mode %r by %s; using the first. "
+                "Uninstall one, or disable one with TWINKLE_PLUGINS=<names to load>",
+                name,
+                mode,
+                " and ".join(repr(p) for p in carriers),
+            )
+        if first is not None:
+            out[name] = first
+    return out
+
+
+_doubled: set[tuple[str, str]] = set()
+
+
 _logged: set[tuple[str, str]] = set()
 
 
@@ -139,6 +186,9 @@ def explain_transport(
     if nbytes < AUTO_MIN_BYTES:
         return OBJECT_STORE, None
     for name, cls in registered.items():
+        only = getattr(cls, "auto_device_types", None)
+        if only is not None and device_type not in only:
+            continue
         if nbytes >= cls.min_bytes and cls.serves(device_type, mode) and cls.is_available():
             return name, None
     if device_type != "cpu":
