@@ -54,9 +54,9 @@ from twinkle_core.plugin import (
     CollectiveMember,
     Transport,
     explain_transport,
-    get_plugin,
     note_fallback,
     registered_names,
+    transports_for,
 )
 
 log = logging.getLogger("twinkle")
@@ -230,18 +230,10 @@ def registered() -> dict[str, type[Transport]]:
     names = tuple(registered_names("transports"))
     hit = _loaded.get(names)
     if hit is None:
-        hit = _loaded[names] = _load(names)
+        # Several plugins may register one name, each for its own modes (twinkle-local's
+        # `gloo` is carried under torchrun): the registrations for mode 'ray'.
+        hit = _loaded[names] = transports_for("ray")
     return hit
-
-
-def _load(names: tuple[str, ...]) -> dict[str, type[Transport]]:
-    out: dict[str, type[Transport]] = {}
-    for name in names:
-        try:
-            out[name] = get_plugin("transports", name)
-        except Exception as exc:  # a broken plugin must not stop a result from travelling
-            log.debug("twinkle: transport %r could not be loaded: %s", name, exc)
-    return out
 
 
 # ----------------------------------------------------------------------- producer side
