@@ -104,6 +104,15 @@ def test_auto_moves_large_cpu_tensors_and_leaves_small_ones(reports, rank):
 
 
 @pytest.mark.parametrize("rank", [0, 1])
+def test_a_sum_of_held_and_unheld_results_equals_inprocess(reports, rank):
+    mixed = reports[rank]["mixed_sum"]
+    assert mixed["same"], mixed
+    # Rank 0's tensor broadcast; rank 1's (it requires grad) gathered as an object.
+    assert _broadcast_bytes(mixed["seen"]) == 512 * 1024, mixed["seen"]
+    assert any(name in GATHERS and n > SLOT_BYTES for name, n in mixed["seen"]), mixed["seen"]
+
+
+@pytest.mark.parametrize("rank", [0, 1])
 def test_received_tensors_are_writable_copies(reports, rank):
     assert reports[rank]["writable"] == {"changed": True, "again_same": True}
 

@@ -175,6 +175,11 @@ def _producer_class():
             raise ValueError(f"no weights on rank {rank}")
         return tensor(get_worker_context().rank)
 
+    @remote_function(dispatch="all", collect="sum", transport="gloo")
+    def mixed_sum(self):  # rank 0's result is held, rank 1's (requires grad) is not
+        rank = get_worker_context().rank
+        return tensor(rank).requires_grad_(rank == 1)
+
     @remote_function(dispatch="all", collect="none", transport="gloo")
     def other(self):
         return tensor(get_worker_context().rank, shift=5.0)
@@ -185,6 +190,7 @@ def _producer_class():
         small_auto=small_auto,
         as_numpy=as_numpy,
         fails_on=fails_on,
+        mixed_sum=mixed_sum,
         other=other,
     )
     return remote_class()(type("Producer", (), ns))
@@ -286,6 +292,7 @@ initialize("inprocess", seed=3, groups=GROUPS)
 producer, piped = objects()
 reference = {key: m()() for key, m in run_cases(producer, piped).items()}
 reference["numpy"] = producer.as_numpy()()
+reference["mixed_sum"] = producer.mixed_sum()().detach()
 shutdown()
 
 # ----------------------------------------------------------------------- torchrun run
@@ -333,6 +340,13 @@ report["handoff"]["later_same"] = same(later, weights)
 report["handoff"]["later_is_a_copy"] = later["w"].data_ptr() != handed
 report["handoff"]["writable_is_a_copy"] = scaled not in (handed, later["w"].data_ptr())
 report["handoff"]["after_writes"] = same(lazy(), weights) and same(later, weights)
+
+# A sum of a held result (rank 0) and one no transport carries (rank 1: requires grad).
+value, seen = collectives(lambda: producer.mixed_sum()())
+report["mixed_sum"] = {
+    "same": same(value.detach(), reference["mixed_sum"]) and value.requires_grad,
+    "seen": seen,
+}
 
 for name in ("big_auto", "big_store", "small_auto"):
     value, seen = collectives(lambda n=name: getattr(producer, n)()())
