@@ -31,11 +31,10 @@ def register_platforms(register) -> None:
 def register_transports(register) -> None:
     """Transports carried under torchrun by broadcasts (`twinkle_local.transports`).
 
-    `hccl` always. `gloo` and `nccl` are also names other backends' plugins register for their
-    own modes (twinkle-ray); two registrations of one name are a conflict unless core resolves
-    a name per mode (`transports_for`), so without it they are not registered here: the names
-    then come from the plugin that registers them, and this backend carries them with its own
-    transports of those names (`transports.registered`).
+    `gloo` and `nccl` are also names twinkle-ray registers for mode 'ray': core resolves a
+    name per mode (`transports_for`). With a core older than that, two registrations of one
+    name would be a conflict, so they are registered only where core has it (this backend then
+    carries the other plugin's names with its own transports: `transports.registered`).
     """
     register("hccl", "twinkle_local.transports:HcclTransport")
     if getattr(core_plugin, "transports_for", None) is not None:
