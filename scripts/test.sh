@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up and run every check: the nox sessions lint, docs, core, dingtalk, local, ray,
-# integration and bench-quick (see noxfile.py), then one summary of all test suites. lint and
-# docs run beside core and dingtalk (see below). Needs only
+# integration and bench-quick (see noxfile.py), then one summary of all test suites. lint, docs
+# and local run beside core and dingtalk (see below). Needs only
 # Python 3.11+ and pip: nox and uv are installed into .venvs/tools, the environments into .nox/
 # (reused, so a second run is fast). Every session runs even when an earlier one fails; the exit
 # code is non-zero when any failed.
@@ -40,16 +40,18 @@ run_nox() {
   "$NOX" "${args[@]}"
 }
 
-# The static checks (lint, docs) run in a second nox process beside the pure-Python suites
-# (core, dingtalk), whose tests mostly wait; the suites that start Ray clusters and torchrun
-# jobs start only when both are done, so nothing runs beside them. The static checks' output
-# is printed once they end. Given arguments for pytest (after "--"), everything runs in order.
+# The static checks (lint, docs), then the torchrun suite (local), run in a second nox process
+# beside the pure-Python suites (core, dingtalk), whose tests mostly wait: the two processes
+# take about as long as each other (the local suite's tests hold under a loaded machine). The
+# suites that start Ray clusters, and the benchmarks, start only when both are done, so
+# nothing runs beside them. The background process's output is printed once it ends. Given
+# arguments for pytest (after "--"), everything runs in order.
 STATIC=()
 PURE=()
 REST=()
 for s in "${SESSIONS[@]}"; do
   case "$s" in
-    lint | docs) STATIC+=("$s") ;;
+    lint | docs | local) STATIC+=("$s") ;;
     core | dingtalk) PURE+=("$s") ;;
     *) REST+=("$s") ;;
   esac
