@@ -24,8 +24,9 @@ made in the main thread before the job is handed to the pool, and `param`.
 Only fixtures that the session's selected tests use are made (`-k` starts no other job). A
 suite's conftest turns the pool on with `prestart.session_fixture()` (an autouse session
 fixture); where it is off (or for a fixture not pre-started) the function runs in the test's
-own setup, as a plain fixture would. At the session's end, jobs still running are cancelled or
-waited for (each job bounds its own run: `jobs.run_job` kills what it started on timeout).
+own setup, as a plain fixture would. At the session's end (also when it stops early, `-x` or
+Ctrl-C), jobs not started are cancelled, the processes of running `jobs.run_job` jobs are
+killed, and other running ones are waited for (each bounds its own run with a timeout).
 """
 
 from __future__ import annotations
