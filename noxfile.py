@@ -338,7 +338,8 @@ def _pytest(session: nox.Session, report: Path, path: str, *, parallel: bool = F
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff over everything, mypy of twinkle-core, import-linter contracts (.importlinter)."""
+    """ruff over everything, mypy of twinkle-core and of its mypy plugin's type test, import-linter
+    contracts (.importlinter)."""
     _install_twinkle(session, *_groups("lint"), packages=(CORE,))
     failed = []  # run every check, then fail with the list
     try:
@@ -350,6 +351,10 @@ def lint(session: nox.Session) -> None:
             session.run("mypy", "twinkle_core")
     except CommandFailed:
         failed.append("mypy")
+    try:  # the mypy plugin against lines marked as accepted and rejected (tests/typing)
+        session.run("mypy", "--config-file", "tests/typing/mypy.ini", "tests/typing")
+    except CommandFailed:
+        failed.append("mypy plugin type test")
     if (ROOT / ".importlinter").exists():
         # Contracts are checked on the source (static imports); the plugins are installed without
         # their dependencies only so that import-linter can find them.
