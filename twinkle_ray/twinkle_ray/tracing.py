@@ -90,11 +90,36 @@ class Probe:
         if op == "clock":
             return {"now": tracing.now_ns()}
         if op == "stacks":
-            return {"pid": os.getpid(), "stacks": stacks.thread_stacks()}
+            return {"pid": os.getpid(), "stacks": actor_threads(stacks.thread_stacks())}
         if op == "trace":
             rec = tracing.RECORDER
             return {"snapshot": rec.snapshot() if rec is not None else None}
         return {"error": f"unknown op {op!r}"}
+
+
+def actor_threads(entries: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """An actor's thread stacks as the dump shows them: the thread running the actor's call
+    named `MainThread`, and idle threads left out.
+
+    The actor classes have concurrency groups (Ray Direct Transport's `_ray_system`, twinkle's
+    `_tw_rdt`), so Ray runs every call on a thread of its own (unnamed, or `Dummy-N` once
+    Python looked at it) while the real main thread waits in Ray's task loop (hidden, so its
+    stack is empty: "idle"). Idle executor threads (a pool's `work_queue.get`) are left out.
+    """
+    out: list[tuple[str, str]] = []
+    calls = 0
+    for name, stack in entries:
+        if "concurrent/futures/thread.py" in stack and "work_queue.get" in stack:
+            continue  # an idle pool thread
+        bare = name.startswith(("Dummy-", "thread "))  # threads Python did not start
+        if bare and stack:
+            out.append(("MainThread" if calls == 0 else name, stack))
+            calls += 1
+        elif not bare:
+            out.append((name, stack))
+    if calls:  # the main thread only waits for tasks while a call runs elsewhere
+        out = [(n, s) for n, s in out if not (n == "MainThread" and not s)]
+    return out
 
 
 _probe: Probe | None = None
