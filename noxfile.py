@@ -55,6 +55,10 @@ REPORTS = ROOT / ".test-reports"
 PYPROJECT = nox.project.load_toml(ROOT / "pyproject.toml")
 TORCH = os.environ.get("TWINKLE_TORCH_SPEC", "torch==2.13.0")
 TORCH_INDEX_URL = os.environ.get("TWINKLE_TORCH_INDEX_URL", "")
+# NIXL for the ray suite's Ray Direct Transport tests (tests/ray/test_rdt.py runs `nixl` for
+# real on CPU tensors). 1.5.1: nixl 1.5.2 on PyPI has no wheels of nixl-cu12/cu13 for Linux
+# x86_64, so a resolver would only backtrack to it after failing.
+NIXL = os.environ.get("TWINKLE_NIXL_SPEC", "nixl==1.5.1")
 
 CORE = "./twinkle_core"
 LOCAL = "./twinkle_local"
@@ -257,11 +261,15 @@ def _install_twinkle(session: nox.Session, *args: str, packages: tuple[str, ...]
 
 
 def _install(
-    session: nox.Session, *packages: str, torch: bool = False, parallel: bool = False
+    session: nox.Session,
+    *packages: str,
+    torch: bool = False,
+    parallel: bool = False,
+    extra: tuple[str, ...] = (),
 ) -> None:
-    """Install the test tools and the given twinkle packages (built from the working tree);
-    with `parallel`, pytest-xdist too (see PARALLEL)."""
-    args = [*_groups("test")]
+    """Install the test tools, `extra` requirements and the given twinkle packages (built from
+    the working tree); with `parallel`, pytest-xdist too (see PARALLEL)."""
+    args = [*_groups("test"), *extra]
     if parallel:
         args.append(XDIST)
     if torch:
@@ -415,8 +423,12 @@ def local(session: nox.Session) -> None:
 def ray(session: nox.Session) -> None:
     """tests/ray: twinkle-core, twinkle-local, twinkle-ray, ray and torch."""
     report = _start_report("ray")
-    _install(session, CORE, LOCAL, RAY, torch=True)
-    _check_env(session, ("torch", "ray", "twinkle_ray", "hypothesis"), ("twinkle_notify_dingtalk",))
+    _install(session, CORE, LOCAL, RAY, torch=True, extra=(NIXL,))
+    _check_env(
+        session,
+        ("torch", "ray", "twinkle_ray", "hypothesis", "nixl"),
+        ("twinkle_notify_dingtalk",),
+    )
     _pytest(session, report, "tests/ray")
 
 
