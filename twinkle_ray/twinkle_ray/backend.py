@@ -8,6 +8,7 @@ seed and worker context. `shutdown()` removes exactly what the run made.
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import logging
 import os
@@ -44,22 +45,39 @@ from .workers import RayPendingCall, RayWorkerGroup, ship_all
 log = logging.getLogger("twinkle")
 
 #: user class -> (its Ray actor class, the methods it exposes directly); per connection.
-_actor_classes: dict[type, tuple[Any, frozenset[str]]] = {}
+_actor_classes: dict[tuple[type, bool], tuple[Any, frozenset[str]]] = {}
 
 
-def actor_class(cls: type) -> tuple[Any, frozenset[str]]:
-    """The Ray actor class hosting workers of `cls` (made once per class and connection)."""
-    made = _actor_classes.get(cls)
+def actor_class(cls: type, rdt: bool) -> tuple[Any, frozenset[str]]:
+    """The Ray actor class hosting workers of `cls` (made once per class, declaration and
+    connection); `rdt`: declared for Ray Direct Transport."""
+    made = _actor_classes.get((cls, rdt))
     if made is None:
         hosting, direct = actor_class_for(cls)
-        # enable_tensor_transport gives the actors Ray's `_ray_system` concurrency group, where
-        # Ray Direct Transport runs its sends and receives (`transports.RdtTransport`); the
-        # `RDT_GROUP` thread hands held results to it while the actor runs a call.
-        remote = ray.remote(
-            enable_tensor_transport=True, concurrency_groups={transports.RDT_GROUP: 1}
-        )
-        made = _actor_classes[cls] = (remote(hosting), direct)
+        if rdt:
+            # enable_tensor_transport gives the actors Ray's `_ray_system` concurrency group,
+            # where Ray Direct Transport runs its sends and receives (`transports.RdtTransport`);
+            # the `RDT_GROUP` thread hands held results to it while the actor runs a call.
+            remote = ray.remote(
+                enable_tensor_transport=True, concurrency_groups={transports.RDT_GROUP: 1}
+            )
+            made = (remote(hosting), direct)
+        else:
+            made = (ray.remote(hosting), direct)
+        _actor_classes[(cls, rdt)] = made
     return made
+
+
+def wants_direct_transport(config: Any, option: bool | None) -> bool:
+    """Whether the run's actors are declared for Ray Direct Transport: as `option` says, else
+    when an RDT transport could serve the run (an accelerator group: `cuda_ipc`, and `nixl` for
+    CUDA; the `nixl` package installed here: `nixl` when named). Undeclared actors keep running
+    their methods on the process's main thread, as plain Ray actors do."""
+    if option is not None:
+        return option
+    if any(not group.is_cpu for group in config.groups.values()):
+        return True
+    return importlib.util.find_spec("nixl") is not None
 
 
 def noset_variables() -> dict[str, str]:
@@ -103,11 +121,14 @@ class RayBackend(ExecutionBackend):
         self._instances = itertools.count()
         #: Collective groups of this run: name -> member actor handles (left at shutdown).
         self.collectives: dict[str, list[Any]] = {}
+        #: Whether this run's actors are declared for Ray Direct Transport.
+        self.direct_transport = False
 
     # ------------------------------------------------------------------ lifecycle
     def initialize(self, config) -> None:
         super().initialize(config)
         self.options = opts = RayOptions.parse(config.backend_options)
+        self.direct_transport = wants_direct_transport(config, opts.direct_transport)
         for group in config.groups.values():
             if not group.is_cpu:
                 get_platform(group.device_type)  # an unknown device type fails here, clearly
@@ -217,7 +238,7 @@ class RayBackend(ExecutionBackend):
             for s in slots
         ]
         args, kwargs = _resolve_lazies(args), _resolve_lazies(kwargs)
-        hosting, direct = actor_class(cls)
+        hosting, direct = actor_class(cls, self.direct_transport)
         workers = RayWorkerGroup(
             group,
             device_mesh,
@@ -227,6 +248,7 @@ class RayBackend(ExecutionBackend):
             config.name,
             restartable=opts.restarts(group.name),
             direct=direct,
+            direct_transport=self.direct_transport,
         )
         self.worker_groups.append(workers)
 

@@ -30,6 +30,10 @@ class RayOptions:
     - `namespace`: the Ray namespace of the run's actors (default: an anonymous one).
     - `restart`: groups whose workers are all restarted (rebuilt from their constructor) when
       one dies, instead of being torn down for good: True for every group, or group names.
+    - `direct_transport`: declare the run's actors for Ray Direct Transport (the `cuda_ipc` and
+      `nixl` transports). None (default): when the run has an accelerator group or the `nixl`
+      package is installed here. Declared actors run their methods on a thread Ray starts, not
+      on the process's main thread (see docs/data.md, "Ray Direct Transport").
     """
 
     address: str | None = None
@@ -44,6 +48,7 @@ class RayOptions:
     namespace: str | None = None
     restart: bool | tuple[str, ...] = False
     oversubscribe: bool = False
+    direct_transport: bool | None = None
 
     @classmethod
     def parse(cls, options: Mapping[str, Any]) -> RayOptions:
@@ -71,6 +76,11 @@ class RayOptions:
                     f"initialize(mode='ray', {name}=...) must be a non-negative integer, "
                     f"got {value!r}"
                 )
+        if opts.direct_transport not in (None, True, False):
+            raise ConfigurationError(
+                "initialize(mode='ray', direct_transport=...) must be True, False or None "
+                f"(decide from the run), got {opts.direct_transport!r}"
+            )
         for name in ("placement_timeout", "start_timeout"):
             value = getattr(opts, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:

@@ -627,7 +627,10 @@ def pair_transport(envelope: Held, producer: Any, consumer: Any, rank: int) -> t
     """
     ctype = consumer.group.device_type
     name = envelope.transport
-    if envelope.auto and colocated(producer, envelope.rank, consumer, rank):
+    rdt_ready = getattr(producer, "direct_transport", True) and getattr(
+        consumer, "direct_transport", True
+    )
+    if envelope.auto and rdt_ready and colocated(producer, envelope.rank, consumer, rank):
         for other, cls in registered().items():
             if getattr(cls, "same_device_only", False) and envelope.device_type in getattr(
                 cls, "auto_device_types", ()
@@ -635,6 +638,12 @@ def pair_transport(envelope: Held, producer: Any, consumer: Any, rank: int) -> t
                 return other, ""
     cls = transport_class(name)
     if rdt_name(cls):
+        if not rdt_ready:
+            return "", (
+                f"{name!r} needs actors declared for Ray Direct Transport, and this run's are "
+                "not (initialize(mode='ray', direct_transport=True) declares them); results "
+                "reach its workers from their holder"
+            )
         if ctype != envelope.device_type:
             return "", (
                 f"its {ctype} workers cannot receive {envelope.device_type} tensors over "

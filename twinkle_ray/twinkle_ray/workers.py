@@ -118,6 +118,34 @@ FAILURE_GRACE_MAX_SECONDS = 0.04
 _HAS_ON_READY = hasattr(ray.ObjectRef, "_on_ready")
 
 
+def keep_until_done(refs: list[Any], producers: list[Any]) -> None:
+    """Keep the producers' calls (and so their held results, `transports.track`) alive until
+    every task of a consuming call finished: a consumer worker may ask a holder for a held
+    result after the driver dropped the LazyCollect it came from (`take(make())` drops it at
+    once), and the holder must not have forgotten it by then."""
+    if not _HAS_ON_READY:  # no callbacks: as long as the refs are referenced, at least
+        for ref in refs:
+            try:
+                _KEEP[ref] = producers
+            except TypeError:  # refs that cannot be weakly referenced: kept no longer
+                pass
+        return
+    left = [len(refs)]
+    keep = [producers]
+
+    def done(_exc: Any) -> None:  # on Ray's own thread
+        left[0] -= 1
+        if left[0] == 0:
+            keep.clear()
+
+    for ref in refs:
+        ref._on_ready(done)
+
+
+#: Without `_on_ready`: producers kept per consuming ref (weakly keyed where Ray allows).
+_KEEP: Any = weakref.WeakKeyDictionary()
+
+
 class Shipper:
     """Puts each object shared by several workers' arguments into the object store once.
 
@@ -469,10 +497,13 @@ class RayWorkerGroup(WorkerGroup):
         run_name: str,
         restartable: bool = False,
         direct: frozenset[str] = frozenset(),
+        direct_transport: bool = True,
     ) -> None:
         super().__init__(group, device_mesh, class_name, len(placements), placements)
         self.run_name = run_name
         self.restartable = restartable
+        #: Whether the actors are declared for Ray Direct Transport (`backend.actor_class`).
+        self.direct_transport = direct_transport
         #: Methods the actors expose under their own name (see `actor.actor_class_for`).
         self.direct = direct
         #: Driver-side only: rebuilds every actor of the group (set by the backend).
@@ -657,8 +688,10 @@ class RayWorkerGroup(WorkerGroup):
         register_tensor_serializer()
         held = getattr(self._local, "held", None)
         rdt = None
+        producers: list[Any] = []
         if held:
             self._local.held = None
+            producers, self._local.producers = getattr(self._local, "producers", []), []
             if has_remote:
                 rdt = before_submit(self, calls, held)  # queues the producers' sends first
         if any(c.args or c.kwargs for c in calls):
@@ -668,6 +701,8 @@ class RayWorkerGroup(WorkerGroup):
                 refs = self._send(method, calls, has_remote, rdt)
         else:
             refs = self._send(method, calls, has_remote, rdt)
+        if producers:
+            keep_until_done(refs, producers)
         return RayPendingCall(self, method, [c.rank for c in calls], refs, self.restarts)
 
     def _send(
@@ -747,6 +782,7 @@ class RayWorkerGroup(WorkerGroup):
             mine = getattr(self._local, "held", None) or {}
             mine.update({ref: (h, pending.workers) for ref, h in held.items()})
             self._local.held = mine
+            self._local.producers = [*getattr(self._local, "producers", []), pending]
         return placeholder
 
 

@@ -1,0 +1,126 @@
+"""When twinkle declares a run's actors for Ray Direct Transport, and what an undeclared run does
+with an RDT transport (`initialize(mode='ray', direct_transport=...)`, `backend.actor_class`).
+
+Declared actors run their methods on a thread Ray starts (Ray gives them concurrency groups),
+so twinkle declares them only when an RDT transport could serve the run; an undeclared run
+that names `nixl` gets its values through the object store, with one log line, never a hang
+(an RDT receive on an undeclared actor would wait for Ray's `_ray_system` thread forever).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+from types import SimpleNamespace as NS
+
+import pytest
+import ray.cloudpickle
+from test_transport import describe, weights
+
+from twinkle_core import (
+    ConfigurationError,
+    DeviceGroup,
+    initialize,
+    remote_class,
+    remote_function,
+    shutdown,
+)
+from twinkle_core.plugin import WorkerPlacement
+from twinkle_ray import transports
+from twinkle_ray.backend import wants_direct_transport
+
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+ROWS = 1024  # 1 MiB and more: large enough to be held
+
+
+@remote_class()
+class Producer:
+    @remote_function(dispatch="all", collect="first", transport="nixl")
+    def weights_nixl(self, rows):
+        return weights(rows)
+
+    @remote_function(dispatch="all", collect="first", transport="object_store")
+    def weights_store(self, rows):
+        return weights(rows)
+
+    @remote_function(dispatch="all", collect="none")
+    def on_main_thread(self):
+        return threading.current_thread() is threading.main_thread()
+
+
+@remote_class()
+class Consumer:
+    @remote_function(dispatch="all", collect="none")
+    def take(self, value):
+        return describe(value), sorted(transports._INBOX)
+
+
+def _run(cluster, **options):
+    initialize(
+        "ray",
+        address=cluster.address,
+        groups=[DeviceGroup("prod", 1, "cpu"), DeviceGroup("cons", 2, "cpu")],
+        name="rdt-declaration",
+        **options,
+    )
+    return Producer(remote_group="prod"), Consumer(remote_group="cons")
+
+
+@pytest.mark.timeout(300)
+def test_an_undeclared_run_keeps_the_main_thread_and_moves_nixl_results_by_the_store(
+    cluster, caplog
+):
+    caplog.set_level(logging.INFO, logger="twinkle")
+    producer, consumer = _run(cluster, direct_transport=False)
+    try:
+        assert producer.on_main_thread()() == [True]
+        expected = consumer.take(producer.weights_store(ROWS))()
+        for _ in range(2):
+            got = consumer.take(producer.weights_nixl(ROWS))()
+            assert [d for d, _ in got] == [d for d, _ in expected]
+            assert [via for _, via in got] == [[], []]  # nothing arrived by RDT
+    finally:
+        shutdown()
+    lines = [m for m in caplog.messages if "declared for Ray Direct Transport" in m]
+    assert len(lines) == 1, caplog.messages
+    assert "direct_transport=True" in lines[0]
+
+
+@pytest.mark.timeout(300)
+def test_a_declared_run_runs_methods_on_a_thread_ray_starts(cluster):
+    producer, _ = _run(cluster, direct_transport=True)
+    try:
+        assert producer.on_main_thread()() == [False]
+    finally:
+        shutdown()
+
+
+def test_who_is_declared():
+    cpu = NS(groups={"a": DeviceGroup("a", 2, "cpu")})
+    gpu = NS(groups={"a": DeviceGroup("a", 2, "cpu"), "b": DeviceGroup("b", [0], "cuda")})
+    assert wants_direct_transport(gpu, None) is True
+    # This suite's environment has nixl (the ray nox session installs it): CPU runs declare.
+    assert wants_direct_transport(cpu, None) is True
+    assert wants_direct_transport(gpu, False) is False
+    assert wants_direct_transport(cpu, True) is True
+
+
+def test_direct_transport_must_be_a_bool_or_none():
+    with pytest.raises(ConfigurationError, match=r"direct_transport=\.\.\.\) must be True, False"):
+        initialize("ray", groups=[DeviceGroup("g", 1, "cpu")], direct_transport="yes")
+
+
+def test_pairs_of_undeclared_actors_get_no_rdt_transport():
+    def group(device, placements, declared):
+        return NS(group=NS(device_type=device), placements=placements, direct_transport=declared)
+
+    p = group("cuda", [WorkerPlacement(0, "n1", (0,), "cuda")], False)
+    same = group("cuda", [WorkerPlacement(0, "n1", (0,), "cuda")], False)
+    auto = transports.Held(None, "nccl", "k", None, 0, "", None, (), "cuda", True)
+    assert transports.pair_transport(auto, p, same, 0) == ("nccl", "")  # no cuda_ipc upgrade
+    for name in ("nixl", "cuda_ipc"):
+        named = transports.Held(None, name, "k", None, 0, "", None, (), "cuda", False)
+        got, why = transports.pair_transport(named, p, same, 0)
+        assert got == "" and "declared for Ray Direct Transport" in why
