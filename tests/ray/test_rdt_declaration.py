@@ -124,3 +124,27 @@ def test_pairs_of_undeclared_actors_get_no_rdt_transport():
         named = transports.Held(None, name, "k", None, 0, "", None, (), "cuda", False)
         got, why = transports.pair_transport(named, p, same, 0)
         assert got == "" and "declared for Ray Direct Transport" in why
+
+
+def test_hccl_is_carried_on_ray_for_npu_results(monkeypatch):
+    """An NPU platform's tensors travel over HCCL like CUDA's over NCCL (only the hardware
+    probe is faked: no NPU here); without one, a named hccl takes the object store."""
+    from twinkle_core.plugin import choose_transport
+
+    registered = transports.registered()
+    assert registered["hccl"] is transports.HcclTransport
+    assert transports.torch_backend(registered["hccl"]) == "hccl"
+    big = 64 << 20
+    assert not transports.HcclTransport.is_available()
+    assert choose_transport("hccl", big, "npu", "ray", registered) == "object_store"
+    monkeypatch.setattr(transports, "npu_probe", lambda: True)
+    assert choose_transport("auto", big, "npu", "ray", registered) == "hccl"
+    held = transports.Held(None, "hccl", "k", None, 0, "", None, (), "npu", True)
+
+    def group(device, declared=True):
+        placements = [WorkerPlacement(0, "n1", (0,), device)]
+        return NS(group=NS(device_type=device), placements=placements, direct_transport=declared)
+
+    assert transports.pair_transport(held, group("npu"), group("npu"), 0) == ("hccl", "")
+    got, why = transports.pair_transport(held, group("npu"), group("cpu"), 0)
+    assert got == "" and "cannot receive over 'hccl'" in why

@@ -19,5 +19,6 @@ def register_transports(register) -> None:
     """Device-direct transports carried by the Ray backend (`twinkle_ray.transports`)."""
     register("gloo", "twinkle_ray.transports:GlooTransport")
     register("nccl", "twinkle_ray.transports:NcclTransport")
+    register("hccl", "twinkle_ray.transports:HcclTransport")
     register("cuda_ipc", "twinkle_ray.transports:CudaIpcTransport")
     register("nixl", "twinkle_ray.transports:NixlTransport")

@@ -8,6 +8,7 @@ results travel. Built in here (registered by `plugin.py`):
   hands CPU tensors over as zero-copy views, faster than gloo's TCP), so it is used when named.
 - `nccl`: CUDA tensors over an NCCL group; `auto` picks it for CUDA results of at least
   `Transport.min_bytes` when CUDA and NCCL are available in the producing worker.
+- `hccl`: Ascend NPU tensors over an HCCL group, the same way (torch_npu in the worker).
 
 How a result travels (no driver in the data path, and no Ray Direct Transport: see
 docs/data.md, "Transports", for why):
@@ -133,6 +134,29 @@ class NcclTransport(TorchTransport):
         return sys.modules[__name__].cuda_probe()
 
 
+def npu_probe() -> bool:
+    """Whether this process can send NPU tensors over HCCL (torch_npu imported, a device)."""
+    try:
+        import torch
+
+        npu = getattr(torch, "npu", None)
+        return bool(npu is not None and npu.is_available())
+    except Exception:
+        return False
+
+
+class HcclTransport(TorchTransport):
+    """Ascend NPU tensors over HCCL (the NPU platform's torch.distributed backend); `auto`
+    picks it for large NPU results."""
+
+    device_types: ClassVar[tuple[str, ...]] = ("npu",)
+    torch_backend: ClassVar[str] = "hccl"
+
+    @classmethod
+    def is_available(cls) -> bool:
+        return sys.modules[__name__].npu_probe()
+
+
 class RdtTransport(Transport):
     """A transport carried by Ray Direct Transport: the producer hands its held tensors to Ray
     through `TwinkleActor._tw_rdt_give`, submitted with `.options(tensor_transport=...)`, and
@@ -201,6 +225,7 @@ class NixlTransport(RdtTransport):
 BUILTIN = {
     "gloo": GlooTransport,
     "nccl": NcclTransport,
+    "hccl": HcclTransport,
     "cuda_ipc": CudaIpcTransport,
     "nixl": NixlTransport,
 }
