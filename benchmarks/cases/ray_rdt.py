@@ -113,6 +113,7 @@ def child(rounds: int) -> None:
             mode="ray",
             groups=[DeviceGroup("producer", 1), DeviceGroup("consumer", 1)],
             cpus_per_worker=0.25,
+            direct_transport=True,  # CPU groups: declared for RDT only when asked
         )
         producer = me.Producer(remote_group="producer")
         consumer = me.Consumer(remote_group="consumer")

@@ -132,6 +132,7 @@ def run(cluster):
             DeviceGroup("gcons", [1], "cuda"),
         ],
         name="rdt-test",
+        direct_transport=True,  # the CPU groups too (nixl runs for real between them)
     )
     try:
         mesh = DeviceMesh.from_sizes(dp_size=2)

@@ -69,11 +69,15 @@ def _run(cluster, **options):
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("option", [{}, {"direct_transport": False}], ids=["default", "False"])
 def test_an_undeclared_run_keeps_the_main_thread_and_moves_nixl_results_by_the_store(
-    cluster, caplog
+    cluster, caplog, option, monkeypatch
 ):
+    import twinkle_core.transport
+
+    monkeypatch.setattr(twinkle_core.transport, "_logged", set())  # once per run of this test
     caplog.set_level(logging.INFO, logger="twinkle")
-    producer, consumer = _run(cluster, direct_transport=False)
+    producer, consumer = _run(cluster, **option)
     try:
         assert producer.on_main_thread()() == [True]
         expected = consumer.take(producer.weights_store(ROWS))()
@@ -98,11 +102,9 @@ def test_a_declared_run_runs_methods_on_a_thread_ray_starts(cluster):
 
 
 def test_who_is_declared():
-    cpu = NS(groups={"a": DeviceGroup("a", 2, "cpu")})
-    gpu = NS(groups={"a": DeviceGroup("a", 2, "cpu"), "b": DeviceGroup("b", [0], "cuda")})
+    cpu, gpu = DeviceGroup("a", 2, "cpu"), DeviceGroup("b", [0], "cuda")
     assert wants_direct_transport(gpu, None) is True
-    # This suite's environment has nixl (the ray nox session installs it): CPU runs declare.
-    assert wants_direct_transport(cpu, None) is True
+    assert wants_direct_transport(cpu, None) is False  # plain unless asked (start-up, thread)
     assert wants_direct_transport(gpu, False) is False
     assert wants_direct_transport(cpu, True) is True
 

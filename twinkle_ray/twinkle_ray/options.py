@@ -30,9 +30,9 @@ class RayOptions:
     - `namespace`: the Ray namespace of the run's actors (default: an anonymous one).
     - `restart`: groups whose workers are all restarted (rebuilt from their constructor) when
       one dies, instead of being torn down for good: True for every group, or group names.
-    - `direct_transport`: declare the run's actors for Ray Direct Transport (the `cuda_ipc` and
-      `nixl` transports). None (default): when the run has an accelerator group or the `nixl`
-      package is installed here. Declared actors run their methods on a thread Ray starts, not
+    - `direct_transport`: declare actors for Ray Direct Transport (the `cuda_ipc` and `nixl`
+      transports). None (default): the actors of accelerator groups only; True/False: every
+      group's. Declared actors start slower and run their methods on a thread Ray starts, not
       on the process's main thread (see docs/data.md, "Ray Direct Transport").
     """
 
