@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import torch.distributed as dist
+from collective_counter import SEEN, collectives  # noqa: F401 (wraps the collectives)
 
 from twinkle_core import (
     DeviceGroup,
@@ -37,54 +37,6 @@ from twinkle_core import (
 
 OUT = Path(sys.argv[1])
 RANK = int(os.environ["RANK"])
-
-COLLECTIVES = (
-    "allreduce",
-    "allreduce_coalesced",
-    "_allgather_base",
-    "all_gather_single",
-    "allgather",
-    "allgather_coalesced",
-    "broadcast",
-    "reduce",
-    "gather",
-    "scatter",
-    "reduce_scatter",
-    "_reduce_scatter_base",
-    "alltoall",
-    "alltoall_base",
-    "barrier",
-)
-SEEN: list[tuple[str, int]] = []
-
-
-def _nbytes(value) -> int:
-    if hasattr(value, "element_size") and hasattr(value, "numel"):
-        return value.element_size() * value.numel()
-    if isinstance(value, (list, tuple)):
-        return sum(_nbytes(v) for v in value)
-    return 0
-
-
-def _counting(name: str, method):
-    def run(self, *args, **kwargs):
-        SEEN.append((name, _nbytes(args[:1])))  # the input (or output) tensors
-        return method(self, *args, **kwargs)
-
-    return run
-
-
-for _name in COLLECTIVES:
-    _method = getattr(dist.ProcessGroup, _name, None)
-    if _method is not None:
-        setattr(dist.ProcessGroup, _name, _counting(_name, _method))
-
-
-def collectives(call) -> tuple[object, list]:
-    """(call(), the collectives it ran in this process)."""
-    start = len(SEEN)
-    value = call()
-    return value, [list(c) for c in SEEN[start:]]
 
 
 def as_json(value):

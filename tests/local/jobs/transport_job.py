@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.distributed as dist
+from collective_counter import COUNTING, SEEN, collectives
 
 from twinkle_core import (
     ConfigurationError,
@@ -43,58 +43,11 @@ from twinkle_core import (
     shutdown,
 )
 
+COUNTING[0] = False  # counted only inside collectives() and the marked blocks
+
 OUT = Path(sys.argv[1])
 RANK = int(os.environ["RANK"])
 N = 128 * 1024  # float32 elements: 512 KiB per tensor (above the 64 KiB hold threshold)
-
-COLLECTIVES = (
-    "allreduce",
-    "_allgather_base",
-    "all_gather_single",
-    "allgather",
-    "allgather_coalesced",
-    "broadcast",
-    "reduce",
-    "gather",
-    "scatter",
-    "barrier",
-)
-SEEN: list[tuple[str, int]] = []
-COUNTING = [False]
-
-
-def _nbytes(value) -> int:
-    if hasattr(value, "element_size") and hasattr(value, "numel"):
-        return value.element_size() * value.numel()
-    if isinstance(value, (list, tuple)):
-        return sum(_nbytes(v) for v in value)
-    return 0
-
-
-def _counting(name: str, method):
-    def run(self, *args, **kwargs):
-        if COUNTING[0]:
-            SEEN.append((name, _nbytes(args[:1])))
-        return method(self, *args, **kwargs)
-
-    return run
-
-
-for _name in COLLECTIVES:
-    _method = getattr(dist.ProcessGroup, _name, None)
-    if _method is not None:
-        setattr(dist.ProcessGroup, _name, _counting(_name, _method))
-
-
-def collectives(call):
-    """(call(), the collectives it ran in this process)."""
-    start = len(SEEN)
-    COUNTING[0] = True
-    try:
-        value = call()
-    finally:
-        COUNTING[0] = False
-    return value, [list(c) for c in SEEN[start:]]
 
 
 # ----------------------------------------------------------------------- values
