@@ -128,6 +128,9 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(BENCH_DIR), env.get("PYTHONPATH", "")) if p)
     env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    # Raw Ray clusters run their workers at the niceness twinkle's embedded cluster uses (the
+    # driver's, 0 here), so neither side is starved by other load on the machine.
+    env.setdefault("RAY_worker_niceness", "0")
     env.pop("RAY_ADDRESS", None)  # never attach to some other cluster on the machine
     env.update(extra or {})
     return env
@@ -181,9 +184,8 @@ def start_ray(num_cpus: int = 4, object_store_mib: int = 256) -> str:
     """
     import ray
 
-    os.environ.update(
-        {k: v for k, v in child_env().items() if k in ("PYTHONPATH", "RAY_USAGE_STATS_ENABLED")}
-    )
+    kept = ("PYTHONPATH", "RAY_USAGE_STATS_ENABLED", "RAY_worker_niceness")
+    os.environ.update({k: v for k, v in child_env().items() if k in kept})
     os.environ.pop("RAY_ADDRESS", None)
     temp_dir = tempfile.mkdtemp(prefix="twb-", dir="/tmp")  # Ray's socket paths must be short
     ray.init(

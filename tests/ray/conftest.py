@@ -24,6 +24,12 @@ _prestart = prestart.session_fixture(slots=1)
 os.environ.pop("RAY_ADDRESS", None)  # never attach to another cluster on this machine
 os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
 os.environ["RAY_DEDUP_LOGS"] = "0"
+# Ray starts workers at nice 15 unless told otherwise: beside any other CPU-heavy job at nice 0
+# (CI shares this machine) an actor then gets about 3% of a core, and a 60 s Ray Direct
+# Transport fetch or a start-up bound fails. Clusters twinkle starts itself run their workers at
+# the driver's niceness (twinkle_ray/cluster.py); the clusters these tests start are configured
+# the same way, as docs/ray.md tells an operator to.
+os.environ["RAY_worker_niceness"] = "0"
 for _var in (
     "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES",
     "RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES",

@@ -34,6 +34,10 @@ SCRIPT = textwrap.dedent(
             print("worker output")
             return {n: os.environ.get(n) for n in names}
 
+        @remote_function(dispatch="all", collect="none")
+        def nice(self):
+            return os.nice(0)
+
         @remote_function(dispatch="all", collect="first")
         def auth(self):
             return os.environ.get("RAY_AUTH_MODE")
@@ -58,7 +62,13 @@ SCRIPT = textwrap.dedent(
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     report = {"runs": []}
+    # Workers' niceness: the driver's (3) in run 0, where nothing is exported (the test session
+    # exports 0 for its own clusters); in run 1 the user's value (7) is added, as Ray adds it.
+    os.environ.pop("RAY_worker_niceness", None)
+    os.nice(3)
     for i in range(2):
+        if i == 1:
+            os.environ["RAY_worker_niceness"] = "7"
         initialize("ray", groups=[DeviceGroup("g", 3, "cpu")], name=f"embedded-{i}")
         backend = twinkle_core.runtime.current_runtime().backend
         temp_dir = backend.connection._temp_dir
@@ -71,6 +81,8 @@ SCRIPT = textwrap.dedent(
             "env": env,
             "placement": get_device_placement(),
             "addresses": sorted({n["NodeManagerAddress"] for n in ray.nodes()}),
+            "nice": worker.nice()(),
+            "driver_nice": os.nice(0),
         }
         if i == 0:
             report["worker_mode"] = worker.auth()()
@@ -79,6 +91,7 @@ SCRIPT = textwrap.dedent(
         shutdown()
         item["after"] = [ray.is_initialized(), os.path.exists(temp_dir),
                          os.environ.get("TW_EMBEDDED_SECRET")]
+        item["niceness_var_after"] = os.environ.get("RAY_worker_niceness")
         report["runs"].append(item)
     report["private"]["removed"] = not os.path.exists(report["private"]["top"])
     print("REPORT " + json.dumps(report), flush=True)
@@ -142,3 +155,12 @@ def test_embedded_cluster_temp_dir_is_private(embedded):
     assert all(rel.split(os.sep)[0] == "r" for rel in report["entries"])
     assert report["secret_in"] == []  # the scrubbed driver secret is in no file
     assert report["removed"]
+
+
+def test_embedded_cluster_runs_workers_at_the_drivers_niceness_unless_the_user_says(embedded):
+    """Ray's default (15) would starve the workers beside any other busy program at nice 0."""
+    report, _, _ = embedded
+    first, second = report["runs"]
+    assert first["driver_nice"] == 3 and first["nice"] == [3, 3, 3]
+    assert first["niceness_var_after"] is None  # the driver's environment is left as it was
+    assert second["nice"] == [10, 10, 10] and second["niceness_var_after"] == "7"
