@@ -20,8 +20,11 @@ saves on one node).
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
+from typing import Any
 
-from harness import BENCH_DIR, Context, Row, child_env, emit, interleave, median, run_child
+from handoffs import hand_off_rows, same_every_time
+from harness import BENCH_DIR, Context, Row, child_env, emit, interleave, run_child
 
 from cases import ray_handoff
 from twinkle_core import remote_class, remote_function
@@ -50,6 +53,7 @@ Loader = ray_handoff.Loader
 class Producer(Weights):
     make = remote_function(dispatch="all")(Weights.make)
     get_gloo = remote_function(collect="first", transport="gloo")(Weights.get_weights)
+    get_nixl = remote_function(collect="first", transport="nixl")(Weights.get_weights)  # 16
     get_store = remote_function(collect="first", transport="object_store")(Weights.get_weights)
     noop = remote_function(dispatch="all")(Weights.noop)
 
@@ -67,52 +71,37 @@ def run(ctx: Context) -> list[Row]:
         timeout=1200,
         env=child_env(),
     )
-    rows = []
-    for i, mib in enumerate(SIZES_MIB):
-        s = result[str(mib)]
-        med = {k: median(v) for k, v in s.items()}
-        gbs = {k: mib / 1024 / v for k, v in med.items()}
-        note = ", ".join(f"{k} {v:.2f} GiB/s" for k, v in gbs.items())
-        extra = {"median_s": med, "gib_per_s": gbs, "payload_mib": mib}
-        rows.append(
-            Row(
-                f"14{'ac'[i]}",
-                f"Ray: {mib} MiB tensor hand-off, transport='gloo' vs raw RDT gloo",
-                med["gloo"],
-                med["rdt"],
-                unit="per hand-off",
-                note=note,
-                extra=extra,
-                samples={"twinkle": s["gloo"], "raw": s["rdt"]},
-            )
-        )
-        rows.append(
-            Row(
-                f"14{'bd'[i]}",
-                f"Ray: {mib} MiB tensor hand-off, transport='gloo' vs 'object_store'",
-                med["gloo"],
-                med["store"],
-                unit="per hand-off",
-                note="both twinkle",
-                extra=extra,
-                samples={"twinkle": s["gloo"], "raw": s["store"]},
-            )
-        )
-    return rows
+    return hand_off_rows(
+        NUMBER,
+        lambda mib, title: f"Ray: {mib} MiB tensor hand-off, transport='gloo' vs {title}",
+        result,
+        SIZES_MIB,
+        "gloo",
+        [("rdt", "raw RDT gloo", True), ("store", "'object_store'", False)],
+    )
 
 
 # ------------------------------------------------------------------------------- child
-def child(rounds: int) -> None:
+def measure(
+    me: Any,
+    rounds: int,
+    raw_transport: str,
+    getters: dict[str, str],
+    direct_transport: bool = False,
+) -> dict[str, dict[str, list[float]]]:
+    """Per size, seconds per hand-off of each twinkle variant (`getters`: variant name ->
+    the `me.Producer` method that hands the weights out) and of hand-written Ray Direct
+    Transport over `raw_transport` (variant `rdt`), alternating, on a cluster of its own.
+    `me` is the case's module, imported by its name so workers import the classes alike."""
     import ray
     from harness import start_ray, stop_ray
     from ray.experimental.collective import create_collective_group
 
-    import cases.ray_transport as me  # workers import the classes by this name
     from twinkle_core import DeviceGroup, initialize, shutdown
 
     @ray.remote(num_cpus=0.25, enable_tensor_transport=True)
     class RawProducer(me.Weights):
-        @ray.method(tensor_transport="gloo")
+        @ray.method(tensor_transport=raw_transport)
         def get_weights(self):
             return self.weights
 
@@ -124,46 +113,41 @@ def child(rounds: int) -> None:
             mode="ray",
             groups=[DeviceGroup("producer", 1), DeviceGroup("consumer", 1)],
             cpus_per_worker=0.25,
+            direct_transport=direct_transport,
         )
         producer = me.Producer(remote_group="producer")
         consumer = me.Consumer(remote_group="consumer")
         raw_producer, raw_consumer = RawProducer.remote(), raw_consumer_cls.remote()
         ray.get([raw_producer.noop.remote(), raw_consumer.noop.remote()], timeout=600)
-        create_collective_group([raw_producer, raw_consumer], backend="torch_gloo")
+        if raw_transport == "gloo":  # two-sided: Ray needs a collective group
+            create_collective_group([raw_producer, raw_consumer], backend="torch_gloo")
         consumer.noop()(600)
         out: dict = {}
-        for mib in SIZES_MIB:
+        for mib in me.SIZES_MIB:
             producer.make(mib)(600)
             ray.get(raw_producer.make.remote(mib), timeout=600)
-            expected: list[float] = []
+            check = same_every_time()
 
-            def check(value: float, expected=expected) -> None:
-                if expected:
-                    assert value == expected[0], (value, expected[0])
-                else:
-                    expected.append(value)
+            def hand_off(getter: str, check=check) -> Callable[[], None]:
+                get = getattr(producer, getter)
+                return lambda: check(consumer.load(get())(600))
 
-            def gloo() -> None:
-                check(consumer.load(producer.get_gloo())(600))
+            def rdt(check=check) -> None:
+                ref = raw_consumer.load_weights.remote(raw_producer.get_weights.remote())
+                check(ray.get(ref, timeout=600))
 
-            def store() -> None:
-                check(consumer.load(producer.get_store())(600))
-
-            def rdt() -> None:
-                check(
-                    ray.get(
-                        raw_consumer.load_weights.remote(raw_producer.get_weights.remote()),
-                        timeout=600,
-                    )
-                )
-
-            out[str(mib)] = interleave(
-                {"gloo": gloo, "store": store, "rdt": rdt}, rounds, warmup=WARMUP
-            )
+            variants = {name: hand_off(getter) for name, getter in getters.items()}
+            out[str(mib)] = interleave({**variants, "rdt": rdt}, rounds, warmup=me.WARMUP)
         shutdown()
-        emit(out)
+        return out
     finally:
         stop_ray(temp_dir)
+
+
+def child(rounds: int) -> None:
+    import cases.ray_transport as me  # workers import the classes by this name
+
+    emit(measure(me, rounds, "gloo", {"gloo": "get_gloo", "store": "get_store"}))
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from handoffs import hand_off_rows
 from harness import BENCH_DIR, Context, Row, emit, interleave, median, run_child
 
 from twinkle_core import get_worker_context, remote_class, remote_function
@@ -95,37 +96,17 @@ def run(ctx: Context) -> list[Row]:
         timeout=1800,
     )
     job_s = time.perf_counter() - start
-    rows = []
-    for i, mib in enumerate(SIZES_MIB):
-        s = result[str(mib)]
-        med = {k: median(v) for k, v in s.items()}
-        gbs = {k: mib / 1024 / v for k, v in med.items()}
-        note = ", ".join(f"{k} {v:.2f} GiB/s" for k, v in gbs.items())
-        extra = {"median_s": med, "gib_per_s": gbs, "payload_mib": mib, "job_wall_s": job_s}
-        rows.append(
-            Row(
-                f"15{'ac'[i]}",
-                f"torchrun 2 procs: {mib} MiB weight hand-off, transport='gloo' vs raw broadcast",
-                med["gloo"],
-                med["raw"],
-                unit="per hand-off",
-                note=note,
-                extra=extra,
-                samples={"twinkle": s["gloo"], "raw": s["raw"]},
-            )
-        )
-        rows.append(
-            Row(
-                f"15{'bd'[i]}",
-                f"torchrun 2 procs: {mib} MiB weight hand-off, transport='gloo' vs 'object_store'",
-                med["gloo"],
-                med["store"],
-                unit="per hand-off",
-                note="both twinkle",
-                extra=extra,
-                samples={"twinkle": s["gloo"], "raw": s["store"]},
-            )
-        )
+    rows = hand_off_rows(
+        NUMBER,
+        lambda mib, title: (
+            f"torchrun 2 procs: {mib} MiB weight hand-off, transport='gloo' vs {title}"
+        ),
+        result,
+        SIZES_MIB,
+        "gloo",
+        [("raw", "raw broadcast", True), ("store", "'object_store'", False)],
+        extra={"job_wall_s": job_s},
+    )
     s = result["1"]
     rows.append(
         Row(

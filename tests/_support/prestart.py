@@ -146,13 +146,16 @@ def session_fixture(slots: int = 2):
     @pytest.fixture(scope="session", autouse=True)
     def _prestart(request):
         global _POOL
-        _POOL = _Pool(request, slots)
+        # Its own pool, closed by itself: two suites' conftests run together (`pytest
+        # tests/local tests/ray`) each make one, and the global names the latest.
+        pool = _POOL = _Pool(request, slots)
         try:
             for key in _wanted(request.session.items):
-                _POOL.start(key)
-            yield _POOL
+                pool.start(key)
+            yield pool
         finally:
-            pool, _POOL = _POOL, None
+            if _POOL is pool:
+                _POOL = None
             pool.close()
 
     return _prestart

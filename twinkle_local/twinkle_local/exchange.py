@@ -57,7 +57,8 @@ from twinkle_core.plugin import PendingCall
 from . import numeric
 from .calls import LocalPendingCall, decode, encode
 from .channel import ChannelError
-from .transports import Envelope, Held, broadcast_bytes, broadcast_held, fill
+from .skeleton import fill
+from .transports import Envelope, Held, broadcast_bytes, broadcast_held
 
 if TYPE_CHECKING:
     from .backend import LocalBackend

@@ -35,18 +35,18 @@ from __future__ import annotations
 import logging
 import pickle
 import sys
-from collections import OrderedDict
 from typing import Any, ClassVar
 
 import twinkle_core.plugin as core_plugin
 from twinkle_core.plugin import (
-    AUTO,
     OBJECT_STORE,
     Transport,
     explain_transport,
     get_plugin,
     registered_names,
 )
+
+from .skeleton import NotTensors, split, why_not_carried
 
 log = logging.getLogger("twinkle")
 
@@ -77,12 +77,17 @@ class GlooTransport(TorchrunTransport):
 
     @classmethod
     def is_available(cls) -> bool:
-        try:
-            import torch.distributed as dist
+        return gloo_probe()
 
-            return bool(dist.is_available() and dist.is_gloo_available())
-        except Exception:
-            return False
+
+def gloo_probe() -> bool:
+    """Whether this process can send CPU tensors over gloo."""
+    try:
+        import torch.distributed as dist
+
+        return bool(dist.is_available() and dist.is_gloo_available())
+    except Exception:
+        return False
 
 
 def cuda_probe() -> bool:
@@ -192,54 +197,6 @@ def explain(requested: str, nbytes: int, device_type: str) -> tuple[str, str | N
 
 
 # ----------------------------------------------------------------------- structures
-class _Slot:
-    """Where tensor `index` of a held result goes back in."""
-
-    __slots__ = ("index",)
-
-    def __init__(self, index: int) -> None:
-        self.index = index
-
-    def __reduce__(self):
-        return (_Slot, (self.index,))
-
-
-class _NotTensors(Exception):
-    pass
-
-
-_PLAIN = (type(None), bool, int, float, str)
-
-
-def _split(value: Any, tensors: list[Any], torch: Any) -> Any:
-    """`value` with every tensor replaced by a `_Slot` (appended to `tensors`); raises
-    `_NotTensors` for anything a skeleton cannot stand for."""
-    kind = type(value)
-    if kind is dict or kind is OrderedDict:
-        return kind((k, _split(v, tensors, torch)) for k, v in value.items())
-    if kind is list or kind is tuple:
-        return kind(_split(v, tensors, torch) for v in value)
-    if kind is torch.Tensor:
-        if value.requires_grad or value.layout != torch.strided or value.is_quantized:
-            raise _NotTensors("tensors that require grad, sparse or quantized")
-        tensors.append(value)
-        return _Slot(len(tensors) - 1)
-    if kind in _PLAIN or (kind is bytes and len(value) < 1024):
-        return value
-    raise _NotTensors(f"a {kind.__name__}")
-
-
-def fill(skeleton: Any, tensors: list[Any]) -> Any:
-    kind = type(skeleton)
-    if kind is _Slot:
-        return tensors[skeleton.index]
-    if kind is dict or kind is OrderedDict:
-        return kind((k, fill(v, tensors)) for k, v in skeleton.items())
-    if kind is list or kind is tuple:
-        return kind(fill(v, tensors) for v in skeleton)
-    return skeleton
-
-
 class Held:
     """This process's result, to be broadcast: its tensors and its envelope (the bytes its
     slot carries: skeleton, specs, device type, torch backend)."""
@@ -278,18 +235,15 @@ def decide(requested: str, value: Any, method: str) -> tuple[Held | None, str | 
     carry it, or None). Never raises."""
     if requested == OBJECT_STORE:
         return None, None
-    torch = sys.modules.get("torch")
-    if torch is None:  # no tensor was ever made in this process
-        return None, _not_tensors(requested)
     tensors: list[Any] = []
     try:
-        skeleton = _split(value, tensors, torch)
-    except _NotTensors:
-        return None, _not_tensors(requested)
+        skeleton = split(value, tensors)
+    except NotTensors as exc:
+        return None, why_not_carried(requested, exc)
     except Exception:  # an odd object: the exchange's pickling handles (or reports) it
         return None, None
     if not tensors:
-        return None, _not_tensors(requested)
+        return None, why_not_carried(requested)
     devices = {t.device.type for t in tensors}
     if len(devices) > 1:
         return None, f"the result holds tensors on {sorted(devices)}"
@@ -309,15 +263,6 @@ def decide(requested: str, value: Any, method: str) -> tuple[Held | None, str | 
     except Exception:
         return None, None
     return Held(backend, envelope, tensors), None
-
-
-def _not_tensors(requested: str) -> str | None:
-    if requested == AUTO:
-        return None
-    return (
-        f"transport {requested!r} moves torch tensors (alone or in dicts, lists and tuples of "
-        "them, with plain numbers and strings beside them); this result holds other values"
-    )
 
 
 # ----------------------------------------------------------------------- moving them

@@ -59,8 +59,16 @@ from twinkle_core.plugin import (
     registered_names,
     transports_for,
 )
+from twinkle_local import transports as local_transports
+from twinkle_local.skeleton import NotTensors, fill, split, why_not_carried
 
 log = logging.getLogger("twinkle")
+
+#: The hardware probes, twinkle-local's. The transports look them up in this module
+#: (`sys.modules[__name__]`), so tests fake them here.
+gloo_probe = local_transports.gloo_probe
+cuda_probe = local_transports.cuda_probe
+npu_probe = local_transports.npu_probe
 
 #: Seconds a transport group's members wait for each other (joining, and each send/recv).
 GROUP_TIMEOUT_S = 300.0
@@ -104,23 +112,7 @@ class GlooTransport(TorchTransport):
 
     @classmethod
     def is_available(cls) -> bool:
-        try:
-            import torch.distributed as dist
-
-            return bool(dist.is_available() and dist.is_gloo_available())
-        except Exception:
-            return False
-
-
-def cuda_probe() -> bool:
-    """Whether this process can send CUDA tensors over NCCL (the one hardware probe)."""
-    try:
-        import torch
-        import torch.distributed as dist
-
-        return bool(torch.cuda.is_available() and dist.is_nccl_available())
-    except Exception:
-        return False
+        return gloo_probe()
 
 
 class NcclTransport(TorchTransport):
@@ -132,17 +124,6 @@ class NcclTransport(TorchTransport):
     @classmethod
     def is_available(cls) -> bool:
         return sys.modules[__name__].cuda_probe()
-
-
-def npu_probe() -> bool:
-    """Whether this process can send NPU tensors over HCCL (torch_npu imported, a device)."""
-    try:
-        import torch
-
-        npu = getattr(torch, "npu", None)
-        return bool(npu is not None and npu.is_available())
-    except Exception:
-        return False
 
 
 class HcclTransport(TorchTransport):
@@ -262,25 +243,13 @@ def registered() -> dict[str, type[Transport]]:
 
 
 # ----------------------------------------------------------------------- producer side
-class _Slot:
-    """Where tensor `index` of a held result goes back in."""
-
-    __slots__ = ("index",)
-
-    def __init__(self, index: int) -> None:
-        self.index = index
-
-    def __reduce__(self):
-        return (_Slot, (self.index,))
-
-
 class Held:
     """A large tensor result kept by the worker that made it, to be sent by `transport`.
 
-    `skeleton` is the result with each tensor replaced by a `_Slot`; `specs` the tensors'
-    (shape, dtype) in slot order, all on `device_type`; `holder` the producer's actor handle
-    and `rank` its worker rank (its rank in every transport group it is in, whose producer
-    side comes first).
+    `skeleton` is the result with each tensor replaced by a `Slot` (`twinkle_local.skeleton`);
+    `specs` the tensors' (shape, dtype) in slot order, all on `device_type`; `holder` the
+    producer's actor handle and `rank` its worker rank (its rank in every transport group it is
+    in, whose producer side comes first).
     """
 
     __slots__ = (
@@ -347,41 +316,6 @@ _OUTBOX: dict[str, list[Any]] = {}
 _outbox_lock = threading.Lock()
 
 
-def _is_tensor(value: Any) -> bool:
-    return type(value).__module__.split(".", 1)[0] == "torch" and hasattr(value, "element_size")
-
-
-def _split(value: Any, tensors: list[Any]) -> Any:
-    """`value` with every tensor replaced by a `_Slot` (appended to `tensors`); raises
-    `_NotTensors` for arrays and containers a skeleton cannot stand for."""
-    kind = type(value)
-    if kind is dict:
-        return {k: _split(v, tensors) for k, v in value.items()}
-    if kind is list or kind is tuple:
-        return kind(_split(v, tensors) for v in value)
-    if _is_tensor(value):
-        tensors.append(value)
-        return _Slot(len(tensors) - 1)
-    if kind in (type(None), bool, int, float, str) or (kind is bytes and len(value) < 1024):
-        return value
-    raise _NotTensors
-
-
-class _NotTensors(Exception):
-    pass
-
-
-def _fill(skeleton: Any, tensors: list[Any]) -> Any:
-    kind = type(skeleton)
-    if kind is _Slot:
-        return tensors[skeleton.index]
-    if kind is dict:
-        return {k: _fill(v, tensors) for k, v in skeleton.items()}
-    if kind is list or kind is tuple:
-        return kind(_fill(v, tensors) for v in skeleton)
-    return skeleton
-
-
 def decide(requested: str, value: Any, method: str) -> tuple[str, Any, list[Any], str | None]:
     """(transport, skeleton, tensors, why not) for a large result `value` of `method`.
 
@@ -392,17 +326,11 @@ def decide(requested: str, value: Any, method: str) -> tuple[str, Any, list[Any]
         return OBJECT_STORE, None, [], None
     tensors: list[Any] = []
     try:
-        skeleton = _split(value, tensors)
-    except _NotTensors:
-        skeleton = None
-    if skeleton is None or not tensors:
-        why = None
-        if requested != AUTO:
-            why = (
-                f"transport {requested!r} moves torch tensors (alone or in dicts, lists and "
-                "tuples of them); this result holds other values"
-            )
-        return OBJECT_STORE, None, [], why
+        skeleton = split(value, tensors)
+    except NotTensors as exc:
+        return OBJECT_STORE, None, [], why_not_carried(requested, exc)
+    if not tensors:
+        return OBJECT_STORE, None, [], why_not_carried(requested)
     devices = {tensor_device(t) for t in tensors}
     if len(devices) > 1:
         return OBJECT_STORE, None, [], f"the result holds tensors on {sorted(devices)}"
@@ -472,7 +400,7 @@ def _taken(key: str) -> list[Any]:
 
 def give_held(key: str, skeleton: Any) -> Any:
     """Run in the producer: a held result itself, to travel through the object store."""
-    return _fill(skeleton, _taken(key))
+    return fill(skeleton, _taken(key))
 
 
 def send_held(key: str, group: str, dst: int) -> bool:
@@ -538,7 +466,7 @@ def receive(held: Held) -> Any:
         if local is None:
             local = _INBOX.get(held.key)
     if local is not None:  # this worker made it, or Ray delivered it with this call
-        return _fill(held.skeleton, local)
+        return fill(held.skeleton, local)
     backend = torch_backend(transport_class(held.transport))
     ctx = get_worker_context()
     name = group_name(backend, held.group_tag, os.environ.get("TWINKLE_WORKER_GROUP", ""))
@@ -562,7 +490,7 @@ def receive(held: Held) -> Any:
         t = torch.empty(shape, dtype=getattr(torch, dtype), device=device)
         dist.recv(t, group_src=held.rank, group=pg)
         tensors.append(t)
-    return _fill(held.skeleton, tensors)
+    return fill(held.skeleton, tensors)
 
 
 def fetch_ref(held: Held) -> Any:
