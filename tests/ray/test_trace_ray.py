@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 import time
@@ -25,10 +26,26 @@ ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 SLEEP = 0.3
 
 
+def meet(directory: str | None, n: int) -> None:
+    """Wait until all four workers of both groups have started round `n` (files in
+    `directory`, on this one machine): the rounds' overlap then holds however loaded the
+    machine is, and calls run one group after the other would never meet (the wait fails)."""
+    if directory is None:
+        return
+    ctx = twinkle_core.get_worker_context()
+    os.close(os.open(os.path.join(directory, f"{n}-{ctx.group_name}-{ctx.rank}"), os.O_CREAT))
+    deadline = time.monotonic() + 120
+    while len([f for f in os.listdir(directory) if f.startswith(f"{n}-")]) < 4:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"round {n}: the other group's call never started beside this one")
+        time.sleep(0.01)
+
+
 @remote_class()
 class Learner:
     @remote_function(dispatch="all", collect="none")
-    def train(self, n):
+    def train(self, n, meet_in=None):
+        meet(meet_in, n)
         time.sleep(SLEEP)
         return n
 
@@ -36,7 +53,8 @@ class Learner:
 @remote_class()
 class Sampler:
     @remote_function(dispatch="all", collect="none")
-    def sample(self, n, pause=SLEEP):
+    def sample(self, n, pause=SLEEP, meet_in=None):
+        meet(meet_in, n)
         time.sleep(pause)
         return n
 
@@ -57,8 +75,9 @@ def traced(cluster, tmp_path_factory):
     )
     learner = Learner(remote_group="learn")
     sampler = Sampler(remote_group="sample")
+    meet_in = str(tmp_path_factory.mktemp("meet"))
     for i in range(2):
-        a, b = learner.train(i), sampler.sample(i)  # both groups at once
+        a, b = learner.train(i, meet_in), sampler.sample(i, meet_in=meet_in)  # both at once
         assert a() == [i, i] and b() == [i, i]
     # Each actor's clock offset was measured when its group got its first call.
     from twinkle_ray import tracing as ray_tracing
@@ -109,7 +128,8 @@ def test_two_groups_overlap_on_their_own_tracks(traced):
         assert e["pid"] == pid_of[f"group {group}"] and e["tid"] == e["args"]["rank"]
         assert e["dur"] >= SLEEP * 1e6 * 0.9 and e["args"]["node"]
         assert e["args"]["driver"] == "driver" and isinstance(e["args"]["call"], int)
-    # Each round's calls ran at the same time on both groups: their executions overlap.
+    # Each round's calls ran at the same time on both groups (they met: `meet`), so their
+    # executions overlap by about SLEEP, less the error of each actor's clock offset.
     for i in range(2):
         learn = [e for e in runs if e["name"] == "Learner.train" and e["args"]["call"] == 2 * i + 1]
         sample = [
