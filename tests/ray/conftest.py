@@ -30,6 +30,9 @@ os.environ["RAY_DEDUP_LOGS"] = "0"
 # the driver's niceness (twinkle_ray/cluster.py); the clusters these tests start are configured
 # the same way, as docs/ray.md tells an operator to.
 os.environ["RAY_worker_niceness"] = "0"
+# Ray gives a Ray Direct Transport fetch 60 s before it calls the transfer failed; the RDT tests
+# wait 120 s for their calls, so a transfer slowed by load gets that long too.
+os.environ["RAY_rdt_fetch_fail_timeout_milliseconds"] = "150000"
 for _var in (
     "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES",
     "RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES",

@@ -11,6 +11,7 @@ import gc
 import os
 import sys
 import threading
+import time
 
 import pytest
 import ray
@@ -83,12 +84,20 @@ def test_many_calls_release_their_results(cluster, no_runtime):
         refs = len(core.get_all_reference_counts())
         run(CALLS)
         fds2, threads2, rss2 = _usage()
-        refs2 = len(core.get_all_reference_counts())
         assert fds2 - fds <= 2 and threads2 - threads <= 1, (fds, fds2, threads, threads2)
         # Results are released once collected: the driver's live object refs do not grow.
-        # A few recent replies may stay referenced by the group's batched fetch; one per call
-        # (CALLS of them) would fail this.
-        assert refs2 - refs <= 10 + CALLS // 50, (refs, refs2)
+        # A few recent replies may stay referenced by the group's batched fetch, and Ray keeps
+        # a ref until its ready-callback has run on Ray's own thread, which a loaded machine
+        # delays (62 refs were still held once, right after the calls). So the count gets 60 s
+        # to settle; one ref per call (CALLS of them) would never settle and fails this.
+        limit = 10 + CALLS // 50
+        settle_by = time.monotonic() + 60
+        refs2 = len(core.get_all_reference_counts())
+        while refs2 - refs > limit and time.monotonic() < settle_by:
+            time.sleep(0.2)
+            gc.collect()
+            refs2 = len(core.get_all_reference_counts())
+        assert refs2 - refs <= limit, (refs, refs2)
         assert rss2 - rss < 30 + CALLS / 200, (rss, rss2)
     finally:
         shutdown()
