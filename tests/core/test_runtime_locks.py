@@ -55,6 +55,43 @@ def test_a_failure_hook_may_make_remote_calls():
         reset_plugins()
 
 
+def test_uncollected_failures_are_settled_in_batches(monkeypatch):
+    """A failure nobody collected is reported by later calls once `SETTLE_BATCH` finished
+    calls wait or `SETTLE_AFTER_S` passed, not only at shutdown, and not one by one (for Ray
+    each settling is a fetch)."""
+    from twinkle_core.runtime import Runtime, current_runtime
+
+    reported = []
+
+    class Seen:
+        @hookimpl
+        def twinkle_remote_failure(self, failure):
+            reported.append(failure.method)
+
+    monkeypatch.setattr(Runtime, "SETTLE_AFTER_S", 3600.0)  # only the batch size counts
+    reset_plugins()
+    plugin_system().add(Seen(), name="seen")
+    try:
+        initialize("inprocess", groups=[DeviceGroup("g", 2)])
+        w = OkOrFail(remote_group="g")
+        w.fail()  # never collected
+        batch = current_runtime().SETTLE_BATCH
+        for _ in range(batch - 2):
+            w.ok()
+        assert reported == []  # set aside, not settled one by one
+        for _ in range(3):
+            w.ok()
+        assert reported == ["OkOrFail.fail"]
+        monkeypatch.setattr(Runtime, "SETTLE_AFTER_S", 0.0)  # now time alone settles
+        w.fail()
+        w.ok()
+        w.ok()
+        assert reported == ["OkOrFail.fail"] * 2
+        shutdown()
+    finally:
+        reset_plugins()
+
+
 def test_tracking_many_calls_keeps_only_those_in_flight():
     initialize("inprocess", groups=[DeviceGroup("g", 2)])
     w = OkOrFail(remote_group="g")
@@ -62,7 +99,9 @@ def test_tracking_many_calls_keeps_only_those_in_flight():
 
     for _ in range(2000):
         w.ok()  # finished at once, never collected
-    assert len(current_runtime()._pending) <= 2 * current_runtime().SWEEP
+    runtime = current_runtime()
+    assert len(runtime._pending) <= 2 * runtime.SWEEP
+    assert len(runtime._finished) < runtime.SETTLE_BATCH  # settled in batches, not kept
     shutdown()
 
 

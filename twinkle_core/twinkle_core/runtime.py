@@ -7,6 +7,7 @@ import inspect
 import logging
 import os
 import threading
+import time
 import uuid
 from collections import deque
 from collections.abc import Iterable
@@ -74,6 +75,9 @@ class Runtime:
         backend._alerts = self.alerts  # type: ignore[attr-defined]  # for flush_alerts()
         self.bound: list[BoundClass] = []
         self._pending: deque[LazyCollect] = deque()
+        #: Finished calls nobody collected yet, settled together (`track`).
+        self._finished: list[LazyCollect] = []
+        self._settled_at = time.monotonic()
         self._unobserved: list[tuple[LazyCollect, BaseException]] = []
         self._reported: set[str] = set()
         self._lock = threading.Lock()
@@ -126,17 +130,25 @@ class Runtime:
     #: than the calls really in flight (each call retires at least as many as it adds), and a
     #: constant keeps the cost per call independent of how many are pending.
     SWEEP = 4
+    #: Finished, uncollected calls are settled together once this many wait, or
+    #: `SETTLE_AFTER_S` after the last settling: settling asks the backend for each call's
+    #: outcome, which for Ray is a fetch, and one fetch of many calls costs about one of a
+    #: single call (1000 calls in flight would otherwise make hundreds of small fetches). A
+    #: failure nobody collected is reported that much later, and at shutdown at the latest.
+    SETTLE_BATCH = 32
+    SETTLE_AFTER_S = 0.05
 
     def track(self, lazy: LazyCollect) -> None:
         """Remember a call so its failure is reported even if nobody collects it.
 
         Each new call looks at the oldest few tracked calls only: resolved ones are dropped,
-        finished ones settled (outside the lock: settling a failure reports it, which takes
-        the lock again), running ones go to the back.
+        finished ones set aside to be settled in a batch (outside the lock: settling a
+        failure reports it, which takes the lock again), running ones go to the back.
         """
-        finished = []
+        settle: list[LazyCollect] = []
         with self._lock:
             pending = self._pending
+            finished = self._finished
             for _ in range(min(self.SWEEP, len(pending))):
                 item = pending.popleft()
                 if item.resolved:
@@ -146,7 +158,15 @@ class Runtime:
                 else:
                     pending.append(item)
             pending.append(lazy)
-        self._settle(finished)
+            if finished:
+                now = time.monotonic()
+                if len(finished) >= self.SETTLE_BATCH or now - self._settled_at >= (
+                    self.SETTLE_AFTER_S
+                ):
+                    settle, self._finished = finished, []
+                    self._settled_at = now
+        if settle:
+            self._settle(settle)
 
     def _settle(self, items: list[LazyCollect]) -> None:
         """Collect finished calls nobody collected; remember failures for the shutdown report.
@@ -165,7 +185,8 @@ class Runtime:
         """Report failures of calls that finished but were never collected by user code."""
         with self._lock:
             pending, self._pending = list(self._pending), deque()
-        self._settle([item for item in pending if not item.resolved and item.done()])
+            finished, self._finished = self._finished, []
+        self._settle(finished + [item for item in pending if not item.resolved and item.done()])
         with self._lock:
             unobserved, self._unobserved = self._unobserved, []
         for item, error in unobserved:

@@ -20,6 +20,7 @@ import queue
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import ray
@@ -116,6 +117,9 @@ FAILURE_GRACE_MAX_SECONDS = 0.04
 
 #: Whether this Ray can call back when an object exists without fetching it.
 _HAS_ON_READY = hasattr(ray.ObjectRef, "_on_ready")
+#: Held only while one call registers its completion callbacks (`RayPendingCall._arm`),
+#: which take no lock themselves.
+_ARM_LOCK = threading.Lock()
 
 
 def keep_until_done(refs: list[Any], producers: list[Any]) -> None:
@@ -205,6 +209,7 @@ class RayPendingCall(PendingCall):
         ranks: list[int],
         value_refs: list[ray.ObjectRef],
         generation: int = 0,
+        arm: bool = True,
     ) -> None:
         self.workers = workers
         self.method = method
@@ -217,11 +222,29 @@ class RayPendingCall(PendingCall):
         self._values: list[Any] | None = None
         self._checked: dict[int, Any] = {}  # replies of finished workers, fetched by done()
         self._lock = threading.Lock()
+        #: Indices of the workers Ray said finished, once `_arm` asked Ray to say (else None).
         self._ready: list[int] | None = None
-        if _HAS_ON_READY:
+        if arm:
+            self._arm()
+
+    def _arm(self) -> None:
+        """Have Ray note each worker's completion here (`done()` then costs a length check)
+        and put the call on its group's `finished` queue when every worker finished.
+
+        Armed at submission only while another call of the group is still unfetched (calls
+        in flight, where `done()` is asked often and `fetch_finished` batches the fetches):
+        each callback takes the driver's GIL from Ray's own thread, 4 callbacks cost a no-op
+        call about 10%, and a call resolved before the next one is issued never needs them.
+        Otherwise armed by the first `done()`. Idempotent.
+        """
+        if not _HAS_ON_READY or self._ready is not None:
+            return
+        with _ARM_LOCK:
+            if self._ready is not None:
+                return
             ready: list[int] = []
-            n = len(value_refs)
-            finished = workers.finished
+            n = len(self.value_refs)
+            finished = self.workers.finished
             me = weakref.ref(self)
 
             def on_ready(i: int) -> None:  # on Ray's own thread: only note it
@@ -229,7 +252,7 @@ class RayPendingCall(PendingCall):
                 if len(ready) == n:
                     finished.append(me)
 
-            for i, ref in enumerate(value_refs):
+            for i, ref in enumerate(self.value_refs):
                 ref._on_ready(lambda exc, i=i: on_ready(i))
             self._ready = ready
 
@@ -255,7 +278,8 @@ class RayPendingCall(PendingCall):
                 return False
             finished = list(self._ready)
         else:
-            finished = self._finished()
+            finished = self._finished()  # asks Ray now; later questions go to the callbacks
+            self._arm()
             if len(finished) == n:
                 return True
         # Some finished, some still run: a failure among the finished means waiting would
@@ -484,6 +508,11 @@ class LateFailures:
 _late_failures = LateFailures()
 
 
+def _no_call() -> None:
+    """`RayWorkerGroup._last_call` before the group's first call."""
+    return None
+
+
 class RayWorkerGroup(WorkerGroup):
     """One actor per worker; picklable (handles travel), so workers can call other groups."""
 
@@ -520,6 +549,8 @@ class RayWorkerGroup(WorkerGroup):
         #: Calls of this group whose workers all finished, not yet fetched (weak references,
         #: appended by completion callbacks): fetched together by `fetch_finished`.
         self.finished: collections.deque = collections.deque()
+        #: The group's latest call (weakly): whether calls are in flight (`submit`).
+        self._last_call: Callable[[], RayPendingCall | None] = _no_call
         self.handles = handles
         #: This generation's `TWINKLE_WORKER_GROUP` (names its transport groups).
         self.tag = ""
@@ -538,6 +569,7 @@ class RayWorkerGroup(WorkerGroup):
         state.pop("_local", None)
         state.pop("_send_lock", None)
         state.pop("finished", None)
+        state.pop("_last_call", None)
         state["_methods"] = {}
         state["restarter"] = None
         return state
@@ -547,6 +579,7 @@ class RayWorkerGroup(WorkerGroup):
         self._local = threading.local()
         self._send_lock = threading.Lock()
         self.finished = collections.deque()
+        self._last_call = _no_call
 
     #: At most this many finished calls are fetched by one `ray.get`.
     FETCH_BATCH = 1024
@@ -703,7 +736,18 @@ class RayWorkerGroup(WorkerGroup):
             refs = self._send(method, calls, has_remote, rdt)
         if producers:
             keep_until_done(refs, producers)
-        return RayPendingCall(self, method, [c.rank for c in calls], refs, self.restarts)
+        # Calls in flight (the previous call of this group not fetched yet) are armed for
+        # completion callbacks at once, the previous one too; a call issued after the
+        # previous was collected is armed only if somebody asks whether it is done.
+        last = self._last_call()
+        in_flight = last is not None and last._replies is None and not last._failures
+        if in_flight:
+            last._arm()
+        pending = RayPendingCall(
+            self, method, [c.rank for c in calls], refs, self.restarts, arm=in_flight
+        )
+        self._last_call = weakref.ref(pending)
+        return pending
 
     def _send(
         self,
