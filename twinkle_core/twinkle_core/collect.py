@@ -29,6 +29,17 @@ class Collector(ABC):
     def collect(self, results: list, device_mesh: DeviceMesh | None) -> Any:
         """Return the collected value."""
 
+    def used_results(self, device_mesh: DeviceMesh | None, n: int) -> list[int]:
+        """The indices (among the call's `n` results, in worker-rank order) that `collect`
+        reads, in the order it combines them.
+
+        Backends move only these to the caller or to another group's workers (with `first`,
+        one worker's result instead of every one). The default, every result, is always
+        safe; a collector that ignores some results may say so here, and must then give the
+        same value whatever the other results hold (`twinkle_core.testing` checks it).
+        """
+        return list(range(n))
+
 
 class FunctionCollector(Collector):
     """Adapts a plain function with `collect`'s parameters."""
@@ -73,6 +84,9 @@ class FirstCollector(Collector):
     def collect(self, results, device_mesh):
         return results[0]
 
+    def used_results(self, device_mesh, n):
+        return [0]
+
 
 class LastPPCollector(Collector):
     """The results of the ranks on the last pipeline stage, in rank order."""
@@ -84,6 +98,12 @@ class LastPPCollector(Collector):
             return list(results)
         index = {rank: i for i, rank in enumerate(device_mesh.ranks)}
         return [results[index[r]] for r in device_mesh.pp_last_ranks()]
+
+    def used_results(self, device_mesh, n):
+        if device_mesh is None or n != device_mesh.world_size:
+            return list(range(n))
+        index = {rank: i for i, rank in enumerate(device_mesh.ranks)}
+        return [index[r] for r in device_mesh.pp_last_ranks()]
 
 
 def flatten_lists(values: list) -> list:
@@ -98,7 +118,15 @@ def flatten_lists(values: list) -> list:
     return out
 
 
-class FlattenCollector(Collector):
+class ShardCollector(Collector):
+    """A collector that reads one result per data shard (`representatives`): tp/pp/cp/ep
+    peers of a shard are not read."""
+
+    def used_results(self, device_mesh, n):
+        return representatives(list(range(n)), device_mesh)
+
+
+class FlattenCollector(ShardCollector):
     """One list of every data shard's items: list results are joined, other results appended."""
 
     name = "flatten"
@@ -118,7 +146,7 @@ def _mean_leaf(values: list) -> Any:
     return _sum_leaf(values) / len(values)
 
 
-class SumCollector(Collector):
+class SumCollector(ShardCollector):
     """Sum over data shards (numbers, numpy arrays, tensors; dicts per key, tuples per item)."""
 
     name = "sum"
@@ -128,7 +156,7 @@ class SumCollector(Collector):
         return combine(representatives(results, device_mesh), _sum_leaf)
 
 
-class MeanCollector(Collector):
+class MeanCollector(ShardCollector):
     """Mean over data shards (numbers, numpy arrays, tensors; dicts per key, tuples per item)."""
 
     name = "mean"
@@ -150,7 +178,7 @@ def _concat_leaf(values: list) -> Any:
     return np.asarray(values)
 
 
-class ConcatCollector(Collector):
+class ConcatCollector(ShardCollector):
     """Concatenation along dim 0 over data shards: numpy arrays, torch tensors, lists."""
 
     name = "concat"

@@ -23,7 +23,6 @@ from twinkle_core import (
     get_worker_context,
 )
 from twinkle_core.plugin import (
-    BUILTIN_COLLECTORS,
     OBJECT_STORE,
     Collector,
     PendingCall,
@@ -275,7 +274,12 @@ class LocalWorkerGroup(WorkerGroup):
                 held, skip, partial = None, False, False
                 if transport != OBJECT_STORE and backend.channel.distributed:
                     # Only the results the collector uses travel; large tensors by transport.
-                    used = reps if kind == KIND_REDUCE else used_results(collector, mesh, calls)
+                    if kind == KIND_REDUCE:
+                        used = reps
+                    elif collector is None:
+                        used = frozenset(range(len(calls)))
+                    else:
+                        used = frozenset(collector.used_results(mesh, len(calls)))
                     partial = len(used) < len(calls)
                     if mine is not None and mine[1]:
                         if mine[0] not in used:
@@ -305,25 +309,6 @@ class LocalWorkerGroup(WorkerGroup):
         return ExchangedCall(exchange)
 
 
-def used_results(collector: Collector | None, mesh: DeviceMesh, calls: list) -> frozenset[int]:
-    """The indices of the results a built-in `collector` looks at (every one for others)."""
-    kind = type(collector)
-    everything = range(len(calls))
-    if kind is _FIRST:
-        return frozenset((0,))
-    if kind is _LAST_PP:
-        if mesh is None or len(calls) != mesh.world_size:
-            return frozenset(everything)
-        index = {rank: i for i, rank in enumerate(mesh.ranks)}
-        return frozenset(index[r] for r in mesh.pp_last_ranks())
-    if kind in _BY_SHARD:
-        return frozenset(representatives(list(everything), mesh))
-    return frozenset(everything)
-
-
-_FIRST = type(BUILTIN_COLLECTORS["first"])
-_LAST_PP = type(BUILTIN_COLLECTORS["last_pp"])
-_BY_SHARD = tuple(type(BUILTIN_COLLECTORS[n]) for n in ("flatten", "concat", "sum", "mean"))
 _ATOMS = (int, float, complex, str, bytes, bool, type(None))
 _NONE: frozenset[int] = frozenset()
 

@@ -49,7 +49,6 @@ from twinkle_core.plugin import (
     format_remote_traceback,
     note_fallback,
     rebuilt,
-    representatives,
 )
 
 from .actor import RESERVED_PREFIX
@@ -847,22 +846,6 @@ _REDUCING = (SumCollector, MeanCollector)
 _SELECTING = (NoneCollector, FirstCollector, LastPPCollector)
 
 
-def used_results(collector: Any, mesh: DeviceMesh, n: int) -> list[int]:
-    """The indices of the results `collector` looks at."""
-    kind = type(collector)
-    everything = list(range(n))
-    if kind is NoneCollector:
-        return everything
-    if kind is FirstCollector:
-        return [0]
-    if kind is LastPPCollector:
-        if mesh is None or n != mesh.world_size:
-            return everything
-        index = {rank: i for i, rank in enumerate(mesh.ranks)}
-        return [index[r] for r in mesh.pp_last_ranks()]
-    return representatives(everything, mesh)
-
-
 def build_placeholder(
     collector: Any,
     mesh: DeviceMesh,
@@ -883,7 +866,7 @@ def build_placeholder(
         return None
     if not replies:
         return None
-    used = used_results(collector, mesh, len(replies))
+    used = collector.used_results(mesh, len(replies))
     if type(dispatcher) is _ALL and kind in _SELECTING:
         # Every consumer gets the whole value: collect it on the consumer, whatever its shape
         # (these collectors only pick results, so they cannot fail there instead of here).
