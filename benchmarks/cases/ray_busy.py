@@ -8,6 +8,11 @@ raw: `actor.block.remote(path)` then N `actor.noop.remote()` on a plain actor. T
 the issuing time per call at N=1000; the same at N=500 and N=2000 shows whether a call gets
 dearer the more calls are pending (a per-call cost that scans pending calls would). Fair
 because both queue the same tasks behind the same blocked worker.
+
+"raw, 5 us between calls" (extra, in the note): the raw loop with a 5 us busy-wait before each
+`.remote()`, timed without the waits: Ray serves submissions issued back to back faster than
+ones with anything between them, and this shows how much of the ratio that is (see
+docs/performance.md, cases 1-3).
 """
 
 from __future__ import annotations
@@ -22,6 +27,13 @@ from harness import Context, Row, interleave, median
 NUMBER, NAME, QUICK, SESSION = "3", "ray-busy", False, ("one",)
 
 SIZES = (500, 1000, 2000)
+GAP_S = 5e-6
+
+
+def _spin(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
 
 
 def run(ctx: Context) -> list[Row]:
@@ -44,6 +56,18 @@ def run(ctx: Context) -> list[Row]:
                 blocker(300)
                 for lazy in pending:
                     lazy(300)
+            elif kind == "gap":
+                blocker = actor.block.remote(path)
+                start = time.perf_counter()
+                pending = []
+                for _ in range(n):
+                    _spin(GAP_S)
+                    pending.append(actor.noop.remote())
+                issued = time.perf_counter() - start - n * GAP_S
+                open(path, "w").close()
+                start = time.perf_counter()
+                ray.get(blocker, timeout=300)
+                ray.get(pending, timeout=300)
             else:
                 blocker = actor.block.remote(path)
                 start = time.perf_counter()
@@ -59,6 +83,7 @@ def run(ctx: Context) -> list[Row]:
         return go
 
     variants = {f"{k}-{n}": variant(k, n) for n in SIZES for k in ("twinkle", "raw")}
+    variants["gap-1000"] = variant("gap", 1000)
     try:
         samples = interleave(
             variants, rounds, per={k: int(k.split("-")[1]) for k in variants}, warmup=1
@@ -76,7 +101,12 @@ def run(ctx: Context) -> list[Row]:
             "Ray: 1000 calls issued while the worker is busy (issue cost)",
             med["twinkle-1000"],
             med["raw-1000"],
-            note=f"per call at 2000 vs 500 pending: twinkle x{growth_t:.2f}, raw x{growth_r:.2f}",
+            note=(
+                f"per call at 2000 vs 500 pending: twinkle x{growth_t:.2f}, raw "
+                f"x{growth_r:.2f}; raw with 5 us between calls: "
+                f"{med['gap-1000'] * 1e6:.0f} us beyond the 5 us "
+                f"(twinkle x{med['twinkle-1000'] / med['gap-1000']:.2f} of it)"
+            ),
             extra={
                 "issue_per_call_s": med,
                 # the first sample of each is the warm-up round's

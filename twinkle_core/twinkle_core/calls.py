@@ -9,8 +9,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
+from . import runtime as _runtime
 from . import slow_calls as _slow_calls
 from . import stacks as _stacks
 from . import trace as _trace
@@ -29,6 +30,7 @@ from .errors import (
 )
 from .failures import CALLER_TAG, CallFailure, WorkersFailedError, tag_exception
 from .lazy import LazyCollect
+from .plugins import plugin_system
 from .transport import check_registered
 
 EXECUTE_MODES = ("all", "first", "peer")
@@ -58,8 +60,6 @@ class MethodSpec:
         The lookup (plugin registry, conflict checks) is cached per spec and redone when the
         plugin system is reset or a plugin is added at run time.
         """
-        from .plugins import plugin_system
-
         system = plugin_system()
         hit = _RESOLVED.get(id(self))
         if hit is not None and hit[0] is self and hit[1] is system and hit[2] == system.generation:
@@ -76,9 +76,10 @@ class MethodSpec:
 _RESOLVED: dict[int, tuple[Any, Any, int, Dispatcher, Collector]] = {}
 
 
-@dataclass(frozen=True)
-class CallSource:
-    """Where a LazyCollect's value comes from: the pending call and how it will be collected."""
+class CallSource(NamedTuple):
+    """Where a LazyCollect's value comes from: the pending call and how it will be collected.
+
+    A named tuple: immutable, and made once per call at the cost of a tuple."""
 
     workers: WorkerGroup
     pending: Any
@@ -183,9 +184,7 @@ def invoke(
     binding: RemoteBinding, spec: MethodSpec, args: tuple, kwargs: dict, call_site: CallSite
 ) -> Any:
     """Run `spec` on the bound workers; a LazyCollect, or the value when lazy collection is off."""
-    from .runtime import current_runtime_or_none
-
-    runtime = current_runtime_or_none()
+    runtime = _runtime.current_runtime_or_none()
     if get_worker_context() is None and (
         runtime is None or runtime.config.name != binding.run_name
     ):
@@ -202,8 +201,10 @@ def invoke(
     if rec is not None:
         call_id, traced_at = rec.begin_call()
     targets = target_ranks(spec.execute, workers)
-    args = _resolve_lazy(args, workers, dispatcher)
-    kwargs = _resolve_lazy(kwargs, workers, dispatcher)
+    if args:
+        args = _resolve_lazy(args, workers, dispatcher)
+    if kwargs:
+        kwargs = _resolve_lazy(kwargs, workers, dispatcher)
     mesh = call_mesh(targets, workers)
     per_worker = dispatcher.dispatch(args, kwargs, len(targets), mesh)
     if not isinstance(per_worker, list) or len(per_worker) != len(targets):
@@ -275,7 +276,7 @@ def invoke(
                 f"workers' results: {type(exc).__name__}: {exc}. Return values it can "
                 "combine (numbers, arrays or tensors for 'mean'/'sum'), or use collect='none'"
             ) from exc
-        current = current_runtime_or_none()
+        current = _runtime.current_runtime_or_none()
         if current is not None and not isinstance(failure.exception, StopIteration):
             current.report(failure)
         raise tag_exception(failure)

@@ -61,7 +61,10 @@ class LazyCollect:
 
     def _get(self, timeout: float | None) -> Any:
         # Another thread may be resolving this call: wait for it no longer than `timeout`.
-        if not self._lock.acquire(timeout=-1 if timeout is None else max(timeout, 0.0)):
+        lock = self._lock
+        if not lock.acquire(False) and not lock.acquire(
+            timeout=-1 if timeout is None else max(timeout, 0.0)
+        ):
             from .errors import CallTimeoutError
 
             raise CallTimeoutError(

@@ -82,6 +82,8 @@ class _StatusLine:
             self._shown = True
 
     def clear(self) -> None:
+        if not self._shown:  # the common case, on every collected call: no lock
+            return
         with self._lock:
             if self._shown:
                 self._shown = False
