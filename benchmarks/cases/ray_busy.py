@@ -56,23 +56,18 @@ def run(ctx: Context) -> list[Row]:
                 blocker(300)
                 for lazy in pending:
                     lazy(300)
-            elif kind == "gap":
+            else:  # raw, or raw with GAP_S of work before each call ("gap")
                 blocker = actor.block.remote(path)
                 start = time.perf_counter()
-                pending = []
-                for _ in range(n):
-                    _spin(GAP_S)
-                    pending.append(actor.noop.remote())
-                issued = time.perf_counter() - start - n * GAP_S
-                open(path, "w").close()
-                start = time.perf_counter()
-                ray.get(blocker, timeout=300)
-                ray.get(pending, timeout=300)
-            else:
-                blocker = actor.block.remote(path)
-                start = time.perf_counter()
-                pending = [actor.noop.remote() for _ in range(n)]
-                issued = time.perf_counter() - start
+                if kind == "raw":
+                    pending = [actor.noop.remote() for _ in range(n)]  # the tight loop
+                    issued = time.perf_counter() - start
+                else:
+                    pending = []
+                    for _ in range(n):
+                        _spin(GAP_S)
+                        pending.append(actor.noop.remote())
+                    issued = time.perf_counter() - start - n * GAP_S
                 open(path, "w").close()
                 start = time.perf_counter()
                 ray.get(blocker, timeout=300)
