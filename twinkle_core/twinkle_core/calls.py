@@ -180,6 +180,84 @@ def _wait_text(method: str, workers: WorkerGroup, call_site: Any, deadline: floa
     return f"{method} on group {workers.group.name!r} (called at {call_site}{limit})"
 
 
+class _Resolve:
+    """Collects one submitted call: waits for its workers and combines their results, or
+    raises their failure tagged with the call site (and reports it to the runtime).
+
+    A class rather than a closure over the call's state: a closure costs a cell object per
+    variable, and with thousands of calls in flight those are what the garbage collector
+    spends its time on (about a dozen objects per call).
+    """
+
+    __slots__ = ("binding", "call_site", "collector", "mesh", "method", "pending", "spec", "took")
+
+    def __init__(
+        self,
+        binding: RemoteBinding,
+        spec: MethodSpec,
+        pending: Any,
+        collector: Collector,
+        mesh: DeviceMesh,
+        method: str,
+        call_site: CallSite,
+        took: float,
+    ) -> None:
+        self.binding = binding
+        self.spec = spec
+        self.pending = pending
+        self.collector = collector
+        self.mesh = mesh
+        self.method = method
+        self.call_site = call_site
+        self.took = took
+
+    def __call__(self, timeout: float | None) -> Any:
+        spec, method, call_site = self.spec, self.method, self.call_site
+        workers = self.binding.workers
+        deadline = timeout if timeout is not None else spec.timeout
+        overran = spec.timeout is not None and self.took > spec.timeout
+        try:
+            if overran and self.pending.done():
+                raise CallTimeoutError(
+                    f"{method} on group {workers.group.name!r} did not finish within its "
+                    f"timeout={spec.timeout:g}s (it ran for {self.took:.3g}s "
+                    "while being submitted)"
+                )
+            # No `done()` check first: for some backends (Ray) asking costs more than a wait
+            # that ends at once; the description is built only if the wait is shown.
+            with _slow_calls.waiting_for(lambda: _wait_text(method, workers, call_site, deadline)):
+                return self.pending.collect(self.collector, self.mesh, deadline)
+        except WorkersFailedError as errors:
+            failure = CallFailure(
+                run_name=self.binding.run_name,
+                method=method,
+                group=workers.group.name,
+                call_site=call_site,
+                failures=errors.failures,
+                mode=self.binding.mode,
+            )
+        except CallTimeoutError as exc:
+            tag = CALLER_TAG.format(site=call_site)
+            if exc.args and isinstance(exc.args[0], str) and not exc.args[0].startswith(tag):
+                exc.args = (f"{tag} {method}: {exc.args[0]}", *exc.args[1:])
+            if not overran and (deadline is None or deadline >= _stacks.NOTE_MIN_TIMEOUT_S):
+                _stacks.note_for_timeout(exc, workers)  # where every worker is (stacks.py)
+            raise
+        except TwinkleError:
+            raise
+        except Exception as exc:  # the collector could not combine the results
+            tag = CALLER_TAG.format(site=call_site)
+            raise CollectError(
+                f"{tag} {method}: collect={_strategy_name(self.collector)!r} could not combine "
+                f"the workers' results: {type(exc).__name__}: {exc}. Return values it can "
+                "combine (numbers, arrays or tensors for 'mean'/'sum'), or use collect='none'"
+            ) from exc
+        current = _runtime.current_runtime_or_none()
+        if current is not None and not isinstance(failure.exception, StopIteration):
+            current.report(failure)
+        raise tag_exception(failure)
+
+
 def invoke(
     binding: RemoteBinding, spec: MethodSpec, args: tuple, kwargs: dict, call_site: CallSite
 ) -> Any:
@@ -235,52 +313,8 @@ def invoke(
     # Backends that run a call while submitting it (in-process, torchrun) cannot interrupt it;
     # a call that outlived its method's timeout there fails as it would where it could be.
     took = time.monotonic() - started
-    overran = spec.timeout is not None and took > spec.timeout
     method = f"{workers.class_name}.{spec.name}"
-
-    def resolve(timeout: float | None) -> Any:
-        deadline = timeout if timeout is not None else spec.timeout
-        try:
-            if overran and pending.done():
-                raise CallTimeoutError(
-                    f"{method} on group {workers.group.name!r} did not finish within its "
-                    f"timeout={spec.timeout:g}s (it ran for {took:.3g}s "
-                    "while being submitted)"
-                )
-            # No `done()` check first: for some backends (Ray) asking costs more than a wait
-            # that ends at once; the description is built only if the wait is shown.
-            with _slow_calls.waiting_for(lambda: _wait_text(method, workers, call_site, deadline)):
-                return pending.collect(collector, mesh, deadline)
-        except WorkersFailedError as errors:
-            failure = CallFailure(
-                run_name=binding.run_name,
-                method=method,
-                group=workers.group.name,
-                call_site=call_site,
-                failures=errors.failures,
-                mode=binding.mode,
-            )
-        except CallTimeoutError as exc:
-            tag = CALLER_TAG.format(site=call_site)
-            if exc.args and isinstance(exc.args[0], str) and not exc.args[0].startswith(tag):
-                exc.args = (f"{tag} {method}: {exc.args[0]}", *exc.args[1:])
-            if not overran and (deadline is None or deadline >= _stacks.NOTE_MIN_TIMEOUT_S):
-                _stacks.note_for_timeout(exc, workers)  # where every worker is (stacks.py)
-            raise
-        except TwinkleError:
-            raise
-        except Exception as exc:  # the collector could not combine the results
-            tag = CALLER_TAG.format(site=call_site)
-            raise CollectError(
-                f"{tag} {method}: collect={_strategy_name(collector)!r} could not combine the "
-                f"workers' results: {type(exc).__name__}: {exc}. Return values it can "
-                "combine (numbers, arrays or tensors for 'mean'/'sum'), or use collect='none'"
-            ) from exc
-        current = _runtime.current_runtime_or_none()
-        if current is not None and not isinstance(failure.exception, StopIteration):
-            current.report(failure)
-        raise tag_exception(failure)
-
+    resolve = _Resolve(binding, spec, pending, collector, mesh, method, call_site, took)
     if rec is not None and on_driver:
         resolver = _trace.timed_resolve(resolve, rec, call_id, method, workers.group.name)
     lazy = LazyCollect(

@@ -66,6 +66,8 @@ class SliceDispatcher(Dispatcher):
     def dispatch(
         self, args: tuple, kwargs: dict, n_workers: int, device_mesh: DeviceMesh
     ) -> WorkerArgs:
+        if not args and not kwargs:  # nothing to split (a no-argument call is common)
+            return [((), {}) for _ in range(n_workers)]
         _same_lengths(
             [(f"argument {i}", a) for i, a in enumerate(args) if isinstance(a, list)]
             + [(f"argument {k!r}", v) for k, v in kwargs.items() if isinstance(v, list)],
@@ -104,6 +106,8 @@ class SliceDPDispatcher(Dispatcher):
                 f"slice_dp: the device mesh has {device_mesh.world_size} ranks but the call goes "
                 f"to {n_workers} workers; give the remote class a device_mesh of its group size"
             )
+        if not args and not kwargs:
+            return [((), {}) for _ in range(n_workers)]
         n_shards = device_mesh.data_world_size
         batches: list[tuple[str, Any]] = []
         for i, a in enumerate(args):

@@ -126,10 +126,11 @@ class Runtime:
         except Exception:
             return False
 
-    #: How many tracked calls each new call looks at. Two or more keeps the list no longer
-    #: than the calls really in flight (each call retires at least as many as it adds), and a
-    #: constant keeps the cost per call independent of how many are pending.
-    SWEEP = 4
+    #: How many tracked calls each new call looks at. Two, the least that works, keeps the
+    #: list no longer than the calls really in flight (each call retires at least as many as
+    #: it adds; each look costs a `done()`), and a constant keeps the cost per call
+    #: independent of how many are pending.
+    SWEEP = 2
     #: Finished, uncollected calls are settled together once this many wait, or
     #: `SETTLE_AFTER_S` after the last settling: settling asks the backend for each call's
     #: outcome, which for Ray is a fetch, and one fetch of many calls costs about one of a

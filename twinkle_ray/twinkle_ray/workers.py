@@ -20,7 +20,7 @@ import queue
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import ray
@@ -121,7 +121,7 @@ _HAS_ON_READY = hasattr(ray.ObjectRef, "_on_ready")
 _ARM_LOCK = threading.Lock()
 
 
-def keep_until_done(refs: list[Any], producers: list[Any]) -> None:
+def keep_until_done(refs: list[Any], producers: Sequence[Any]) -> None:
     """Keep the producers' calls (and so their held results, `transports.track`) alive until
     every task of a consuming call finished: a consumer worker may ask a holder for a held
     result after the driver dropped the LazyCollect it came from (`take(make())` drops it at
@@ -198,6 +198,48 @@ def ship_all(calls: list[WorkerCall]) -> list[tuple[tuple, dict]]:
     return [shipper.ship_call(c.args, c.kwargs) for c in calls]
 
 
+class _CallArguments(threading.local):
+    """What this thread's next call carries besides its arguments, set while they were
+    resolved (`resolve_argument`): whether they hold remote placeholders, the producers'
+    results they hold, and the producers' calls to keep alive until the call finished. Class
+    defaults, so a call without any reads them without a failed lookup."""
+
+    placeholders: bool = False
+    held: dict | None = None
+    producers: tuple = ()
+
+
+class _NoteReady:
+    """What a call's completion callbacks share: the indices of its finished workers, and the
+    group's `finished` queue the call joins (weakly) once every worker finished. Slotted
+    objects, not closures: a closure costs a cell per variable, and with thousands of calls in
+    flight those are what the garbage collector spends its time on."""
+
+    __slots__ = ("call", "finished", "n", "ready")
+
+    def __init__(self, ready: list[int], n: int, finished: Any, call: RayPendingCall) -> None:
+        self.ready = ready
+        self.n = n
+        self.finished = finished
+        self.call = weakref.ref(call)
+
+
+class _OnReady:
+    """The completion callback of one worker's result (runs on Ray's own thread: only notes)."""
+
+    __slots__ = ("index", "note")
+
+    def __init__(self, note: _NoteReady, index: int) -> None:
+        self.note = note
+        self.index = index
+
+    def __call__(self, exc: Any) -> None:
+        note = self.note
+        note.ready.append(self.index)
+        if len(note.ready) == note.n:
+            note.finished.append(note.call)
+
+
 class RayPendingCall(PendingCall):
     """One method running on some actors: one result ref per worker."""
 
@@ -242,17 +284,9 @@ class RayPendingCall(PendingCall):
             if self._ready is not None:
                 return
             ready: list[int] = []
-            n = len(self.value_refs)
-            finished = self.workers.finished
-            me = weakref.ref(self)
-
-            def on_ready(i: int) -> None:  # on Ray's own thread: only note it
-                ready.append(i)
-                if len(ready) == n:
-                    finished.append(me)
-
+            note = _NoteReady(ready, len(self.value_refs), self.workers.finished, self)
             for i, ref in enumerate(self.value_refs):
-                ref._on_ready(lambda exc, i=i: on_ready(i))
+                ref._on_ready(_OnReady(note, i))
             self._ready = ready
 
     # ------------------------------------------------------------------ state
@@ -538,7 +572,7 @@ class RayWorkerGroup(WorkerGroup):
         self.restarter: Any = None
         self.restarts = 0
         self.torn_down: str | None = None
-        self._local = threading.local()
+        self._local = _CallArguments()
         #: Held while one call's tasks are handed to Ray, so that every rank receives the
         #: calls of this process in the same order (Ray keeps each caller's order per actor):
         #: two driver threads calling at once must not run as call A then B on rank 0 and B
@@ -575,7 +609,7 @@ class RayWorkerGroup(WorkerGroup):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._local = threading.local()
+        self._local = _CallArguments()
         self._send_lock = threading.Lock()
         self.finished = collections.deque()
         self._last_call = _no_call
@@ -699,9 +733,10 @@ class RayWorkerGroup(WorkerGroup):
         collector: Any = None,
         device_mesh: Any = None,
     ) -> PendingCall:
-        has_remote = bool(getattr(self._local, "placeholders", False))
+        local = self._local
+        has_remote = local.placeholders
         if has_remote:
-            self._local.placeholders = False
+            local.placeholders = False
         if self.torn_down is not None:
             return CompletedCall(
                 [],
@@ -718,12 +753,12 @@ class RayWorkerGroup(WorkerGroup):
                 ],
             )
         register_tensor_serializer()
-        held = getattr(self._local, "held", None)
+        held = local.held
         rdt = None
-        producers: list[Any] = []
+        producers: tuple = ()
         if held:
-            self._local.held = None
-            producers, self._local.producers = getattr(self._local, "producers", []), []
+            local.held = None
+            producers, local.producers = local.producers, ()
             if has_remote:
                 rdt = before_submit(self, calls, held)  # queues the producers' sends first
         if any(c.args or c.kwargs for c in calls):
@@ -822,10 +857,10 @@ class RayWorkerGroup(WorkerGroup):
         self._local.placeholders = True
         held = held_replies(pending.value_refs, replies)
         if held:
-            mine = getattr(self._local, "held", None) or {}
+            mine = self._local.held or {}
             mine.update({ref: (h, pending.workers) for ref, h in held.items()})
             self._local.held = mine
-            self._local.producers = [*getattr(self._local, "producers", []), pending]
+            self._local.producers = (*self._local.producers, pending)
         return placeholder
 
 
