@@ -346,14 +346,18 @@ def _pytest(session: nox.Session, report: Path, path: str, *, parallel: bool = F
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff over everything, mypy of twinkle-core and of its mypy plugin's type test, import-linter
-    contracts (.importlinter)."""
+    """ruff's checks and its formatter (in check mode) over everything, mypy of twinkle-core and
+    of its mypy plugin's type test, import-linter contracts (.importlinter)."""
     _install_twinkle(session, *_groups("lint"), packages=(CORE,))
     failed = []  # run every check, then fail with the list
     try:
         session.run("ruff", "check", *(p for p in LINT_PATHS if (ROOT / p).exists()))
     except CommandFailed:
         failed.append("ruff")
+    try:  # `ruff format` (of the files named below) fixes what this finds
+        session.run("ruff", "format", "--check", *(p for p in LINT_PATHS if (ROOT / p).exists()))
+    except CommandFailed:
+        failed.append("ruff format (run `ruff format` over the files it names)")
     try:
         with session.chdir("twinkle_core"):
             session.run("mypy", "twinkle_core")

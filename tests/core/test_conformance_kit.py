@@ -30,7 +30,7 @@ from .plugin_factory import make_plugin
 
 # Two backends broken on purpose, built on the in-process one: one sums where a mean is asked,
 # one runs execute='first' calls on every worker.
-BROKEN = '''
+BROKEN = """
 from twinkle_core import hookimpl
 from twinkle_core.inprocess import InProcessBackend
 from twinkle_core.plugin import CompletedCall, SumCollector, WorkerCall, WorkerGroup
@@ -83,11 +83,11 @@ class FirstOnAll(InProcessBackend):
 def register_backends(register):
     register("sum-for-mean", SumForMean)
     register("first-on-all", FirstOnAll)
-'''
+"""
 
 # A stand-in launcher: starts `python SCRIPT ARGS...` once per rank with RANK and WORLD_SIZE set,
 # as torchrun would (or only some ranks, or hangs), so the launching side is tested without torch.
-FAKE_LAUNCHER = '''
+FAKE_LAUNCHER = """
 import os, subprocess, sys, time
 
 world, start = int(sys.argv[1]), int(sys.argv[2])
@@ -101,7 +101,7 @@ procs = [
     for r in range(start, world)
 ]
 sys.exit(max(p.wait() for p in procs))
-'''
+"""
 
 
 @pytest.fixture

@@ -21,9 +21,9 @@ def _private_list() -> set[str]:
 
 def test_every_core_module_but_the_public_ones_is_forbidden_to_plugins():
     package = Path(twinkle_core.__file__).parent
-    modules = {
-        f"twinkle_core.{p.stem}" for p in package.glob("*.py") if p.stem != "__init__"
-    } | {f"twinkle_core.{p.name}" for p in package.iterdir() if (p / "__init__.py").exists()}
+    modules = {f"twinkle_core.{p.stem}" for p in package.glob("*.py") if p.stem != "__init__"} | {
+        f"twinkle_core.{p.name}" for p in package.iterdir() if (p / "__init__.py").exists()
+    }
     private = modules - PUBLIC
     assert private, "no core modules found"
     assert _private_list() == private, (

@@ -175,9 +175,7 @@ def test_chained_argument_reaches_each_consumer_as_its_own_producer_shard(run):
     # The consumer group turns the LazyCollect into a placeholder over producer refs...
     placeholder = _workers(consumer).resolve_argument(lazy)
     assert isinstance(placeholder, RemoteArray) and len(placeholder) == 6
-    shares = SliceDPDispatcher().dispatch(
-        (placeholder,), {}, 2, DeviceMesh.from_sizes(dp_size=2)
-    )
+    shares = SliceDPDispatcher().dispatch((placeholder,), {}, 2, DeviceMesh.from_sizes(dp_size=2))
     pending = lazy.source.pending
     # ...so that consumer d's share is exactly producer d's result, nothing else.
     for d, (args, _) in enumerate(shares):

@@ -19,9 +19,7 @@ pytestmark = pytest.mark.slow
 def test_ray_passes_every_check(cluster, tmp_path):
     env = dict(os.environ)
     env.pop("TWINKLE_MODE", None)
-    run = run_kit(
-        "ray", options={"address": cluster.address}, cwd=tmp_path, env=env, timeout=1080
-    )
+    run = run_kit("ray", options={"address": cluster.address}, cwd=tmp_path, env=env, timeout=1080)
     assert run.returncode == 0, run.output
     assert run.passed >= 20 and run.failed == 0 and run.errors == 0, run.output
     assert run.not_applicable == 0, run.output

@@ -32,8 +32,13 @@ def test_only_listed_variables_travel(env):
     forwarded = select(env, passthrough_patterns(["MYAPP_*", "EXACT_ONE"]))
     assert set(forwarded) <= set(env)
     for name in forwarded:
-        assert name == "EXACT_ONE" or name.startswith(("MYAPP_", "TWINKLE_")) or any(
-            name == p or (p.endswith("*") and name.startswith(p[:-1])) for p in DEFAULT_PASSTHROUGH
+        assert (
+            name == "EXACT_ONE"
+            or name.startswith(("MYAPP_", "TWINKLE_"))
+            or any(
+                name == p or (p.endswith("*") and name.startswith(p[:-1]))
+                for p in DEFAULT_PASSTHROUGH
+            )
         )
     if "TWINKLE_MODE" in env:
         assert "TWINKLE_MODE" in forwarded

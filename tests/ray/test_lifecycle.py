@@ -41,9 +41,7 @@ def _live_twinkle_state(run_name: str) -> tuple[list, list]:
         if p["name"].startswith(run_name) and p["state"] != "REMOVED"
     ]
     actors = [
-        a
-        for a in ray.util.list_named_actors(all_namespaces=True)
-        if a["name"].startswith(run_name)
+        a for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith(run_name)
     ]
     return pgs, actors
 

@@ -67,9 +67,7 @@ def _leftovers() -> tuple[list, list]:
     return pgs, actors
 
 
-def test_lost_node_raises_worker_died_tears_down_the_group_and_leaves_nothing(
-    cluster, no_runtime
-):
+def test_lost_node_raises_worker_died_tears_down_the_group_and_leaves_nothing(cluster, no_runtime):
     node = cluster.add_node(num_cpus=2, num_gpus=2, object_store_memory=80 * 1024 * 1024)
     removed = False
     try:

@@ -172,7 +172,13 @@ def remote_class(_cls: T | None = None, *, execute: str = "all") -> Any:
                 original_init(self, *args, device_mesh=mesh, **kwargs)
                 return
             _bind(
-                self, cls, execute, remote_group, device_mesh, args, kwargs,
+                self,
+                cls,
+                execute,
+                remote_group,
+                device_mesh,
+                args,
+                kwargs,
                 pass_mesh=mesh_signature is not None,
             )
 

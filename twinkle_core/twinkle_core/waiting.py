@@ -54,8 +54,10 @@ def wait(
     """
     items = _as_list(lazies, "wait")
     _check_timeout(timeout, "wait")
-    if isinstance(num_returns, bool) or not isinstance(num_returns, int) or not (
-        0 <= num_returns <= len(items)
+    if (
+        isinstance(num_returns, bool)
+        or not isinstance(num_returns, int)
+        or not (0 <= num_returns <= len(items))
     ):
         raise ConfigurationError(
             f"wait(num_returns=...) must be an integer from 0 to {len(items)} (the number of "

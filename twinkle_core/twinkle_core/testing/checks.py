@@ -553,9 +553,7 @@ def check_collect_tuple_elementwise(run: Session) -> None:
 
 
 def check_device_mesh_keyword(run: Session) -> None:
-    holder = MeshHolder(
-        device_mesh=DeviceMesh.from_sizes(pp_size=2), tag="kw", remote_group="two"
-    )
+    holder = MeshHolder(device_mesh=DeviceMesh.from_sizes(pp_size=2), tag="kw", remote_group="two")
     expect(
         "MeshHolder(device_mesh=pp=2 mesh, tag='kw').describe()",
         holder.describe()(),
@@ -772,65 +770,164 @@ def check_mesh_dp2_tp2_reductions(run: Session) -> None:
 
 TWO = (("two", 2),)
 _CHECKS: tuple[Check, ...] = (
-    Check("dispatch_all", "dispatch='all': every worker gets the full arguments", TWO,
-          check_dispatch_all),
-    Check("dispatch_slice", "dispatch='slice': lists split, earlier workers take the remainder",
-          TWO, check_dispatch_slice),
-    Check("dispatch_slice_dp", "dispatch='slice_dp': dicts walked, lists/arrays/tuples sliced",
-          TWO, check_dispatch_slice_dp),
+    Check(
+        "dispatch_all",
+        "dispatch='all': every worker gets the full arguments",
+        TWO,
+        check_dispatch_all,
+    ),
+    Check(
+        "dispatch_slice",
+        "dispatch='slice': lists split, earlier workers take the remainder",
+        TWO,
+        check_dispatch_slice,
+    ),
+    Check(
+        "dispatch_slice_dp",
+        "dispatch='slice_dp': dicts walked, lists/arrays/tuples sliced",
+        TWO,
+        check_dispatch_slice_dp,
+    ),
     Check("dispatch_callable", "a plain function as dispatcher", TWO, check_dispatch_callable),
-    Check("dispatch_wrong_share_count", "a dispatcher returning the wrong number of shares is a "
-          "ConfigurationError, and nothing runs", TWO, check_dispatch_wrong_share_count),
+    Check(
+        "dispatch_wrong_share_count",
+        "a dispatcher returning the wrong number of shares is a "
+        "ConfigurationError, and nothing runs",
+        TWO,
+        check_dispatch_wrong_share_count,
+    ),
     Check("execute_all", "execute='all' with each worker's context", TWO, check_execute_all),
-    Check("execute_first_collect_none", "execute='first' runs on worker 0 only", TWO,
-          check_execute_first_collect_none),
-    Check("execute_peer", "execute='peer' from inside a worker and from the driver",
-          (("two", 2), ("other", 2)), check_execute_peer),
+    Check(
+        "execute_first_collect_none",
+        "execute='first' runs on worker 0 only",
+        TWO,
+        check_execute_first_collect_none,
+    ),
+    Check(
+        "execute_peer",
+        "execute='peer' from inside a worker and from the driver",
+        (("two", 2), ("other", 2)),
+        check_execute_peer,
+    ),
     Check("collect_none", "collect='none': every result in rank order", TWO, check_collect_none),
     Check("collect_flatten", "collect='flatten': list results joined", TWO, check_collect_flatten),
     Check("collect_mean", "collect='mean' over data shards", TWO, check_collect_mean),
     Check("collect_sum", "collect='sum' over data shards", TWO, check_collect_sum),
     Check("collect_first", "collect='first': rank 0's result", TWO, check_collect_first),
-    Check("collect_last_pp", "collect='last_pp' (and mean) on a pp=2 mesh", TWO,
-          check_collect_last_pp),
+    Check(
+        "collect_last_pp", "collect='last_pp' (and mean) on a pp=2 mesh", TWO, check_collect_last_pp
+    ),
     Check("collect_concat", "collect='concat' of numpy arrays", TWO, check_collect_concat),
     Check("collect_callable", "a plain function as collector", TWO, check_collect_callable),
-    Check("collect_dict_per_key", "dict results are collected per key", TWO,
-          check_collect_dict_per_key),
-    Check("collect_tuple_elementwise", "tuple results are collected element-wise", TWO,
-          check_collect_tuple_elementwise),
-    Check("device_mesh_keyword", "__init__(self, device_mesh) receives a mesh given by keyword",
-          TWO, check_device_mesh_keyword),
-    Check("device_mesh_positional", "__init__(self, device_mesh) receives a mesh given "
-          "positionally", TWO, check_device_mesh_positional),
-    Check("device_mesh_default", "__init__(self, device_mesh) receives the default mesh", TWO,
-          check_device_mesh_default),
-    Check("lazy_to_group_of_other_size", "a LazyCollect passed to a group of another size",
-          (("two", 2), ("one", 1)), check_lazy_to_group_of_other_size),
-    Check("lazy_to_constructor", "LazyCollects passed to a constructor (also nested)",
-          (("two", 2), ("one", 1)), check_lazy_to_constructor),
-    Check("lazy_nested_in_arguments", "LazyCollects nested in a dict/list argument",
-          (("two", 2), ("one", 1)), check_lazy_nested_in_arguments),
-    Check("iterate_remote_loader", "iterating a remote class with __iter__/__next__", TWO,
-          check_iterate_remote_loader),
-    Check("seeded_random", "workers built from one seed draw the same numbers", TWO,
-          check_seeded_random),
-    Check("error_value_error", "a ValueError keeps its type; message tagged with the call site",
-          TWO, check_error_value_error),
-    Check("error_key_error", "a KeyError keeps its key; call site in __notes__", TWO,
-          check_error_key_error),
-    Check("error_os_error", "a FileNotFoundError keeps errno/strerror/filename; call site in "
-          "__notes__", TWO, check_error_os_error),
-    Check("error_two_arg_init", "an exception whose __init__ takes two arguments keeps its type "
-          "and attributes", TWO, check_error_two_arg_init),
-    Check("error_unpicklable_attribute", "an exception holding a threading.Lock keeps its type",
-          TWO, check_error_unpicklable_attribute),
-    Check("timeout_per_method", "@remote_function(timeout=...) raises CallTimeoutError with the "
-          "call site; a later call still works", TWO, check_timeout_per_method),
-    Check("mesh_dp2_tp2_slice_dp", "slice_dp on dp=2 x tp=2 shards by data rank",
-          (("four", 4),), check_mesh_dp2_tp2_slice_dp),
-    Check("mesh_dp2_tp2_reductions", "mean/sum/flatten/concat on dp=2 x tp=2 count each data "
-          "shard once", (("four", 4),), check_mesh_dp2_tp2_reductions),
+    Check(
+        "collect_dict_per_key",
+        "dict results are collected per key",
+        TWO,
+        check_collect_dict_per_key,
+    ),
+    Check(
+        "collect_tuple_elementwise",
+        "tuple results are collected element-wise",
+        TWO,
+        check_collect_tuple_elementwise,
+    ),
+    Check(
+        "device_mesh_keyword",
+        "__init__(self, device_mesh) receives a mesh given by keyword",
+        TWO,
+        check_device_mesh_keyword,
+    ),
+    Check(
+        "device_mesh_positional",
+        "__init__(self, device_mesh) receives a mesh given positionally",
+        TWO,
+        check_device_mesh_positional,
+    ),
+    Check(
+        "device_mesh_default",
+        "__init__(self, device_mesh) receives the default mesh",
+        TWO,
+        check_device_mesh_default,
+    ),
+    Check(
+        "lazy_to_group_of_other_size",
+        "a LazyCollect passed to a group of another size",
+        (("two", 2), ("one", 1)),
+        check_lazy_to_group_of_other_size,
+    ),
+    Check(
+        "lazy_to_constructor",
+        "LazyCollects passed to a constructor (also nested)",
+        (("two", 2), ("one", 1)),
+        check_lazy_to_constructor,
+    ),
+    Check(
+        "lazy_nested_in_arguments",
+        "LazyCollects nested in a dict/list argument",
+        (("two", 2), ("one", 1)),
+        check_lazy_nested_in_arguments,
+    ),
+    Check(
+        "iterate_remote_loader",
+        "iterating a remote class with __iter__/__next__",
+        TWO,
+        check_iterate_remote_loader,
+    ),
+    Check(
+        "seeded_random",
+        "workers built from one seed draw the same numbers",
+        TWO,
+        check_seeded_random,
+    ),
+    Check(
+        "error_value_error",
+        "a ValueError keeps its type; message tagged with the call site",
+        TWO,
+        check_error_value_error,
+    ),
+    Check(
+        "error_key_error",
+        "a KeyError keeps its key; call site in __notes__",
+        TWO,
+        check_error_key_error,
+    ),
+    Check(
+        "error_os_error",
+        "a FileNotFoundError keeps errno/strerror/filename; call site in __notes__",
+        TWO,
+        check_error_os_error,
+    ),
+    Check(
+        "error_two_arg_init",
+        "an exception whose __init__ takes two arguments keeps its type and attributes",
+        TWO,
+        check_error_two_arg_init,
+    ),
+    Check(
+        "error_unpicklable_attribute",
+        "an exception holding a threading.Lock keeps its type",
+        TWO,
+        check_error_unpicklable_attribute,
+    ),
+    Check(
+        "timeout_per_method",
+        "@remote_function(timeout=...) raises CallTimeoutError with the "
+        "call site; a later call still works",
+        TWO,
+        check_timeout_per_method,
+    ),
+    Check(
+        "mesh_dp2_tp2_slice_dp",
+        "slice_dp on dp=2 x tp=2 shards by data rank",
+        (("four", 4),),
+        check_mesh_dp2_tp2_slice_dp,
+    ),
+    Check(
+        "mesh_dp2_tp2_reductions",
+        "mean/sum/flatten/concat on dp=2 x tp=2 count each data shard once",
+        (("four", 4),),
+        check_mesh_dp2_tp2_reductions,
+    ),
 )
 
 

@@ -168,8 +168,10 @@ def _env_int(*names: str) -> int | None:
 def _run_as_rank(args: argparse.Namespace, options: dict[str, Any]) -> int:
     """Run the checks as one rank of a launched job, writing each outcome as it comes."""
     rank = _env_int("RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK")
-    world = args.world_size if args.world_size is not None else _env_int(
-        "WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE"
+    world = (
+        args.world_size
+        if args.world_size is not None
+        else _env_int("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE")
     )
     path = Path(args.report_dir) / f"rank{rank if rank is not None else 'x'}-{os.getpid()}.jsonl"
     with path.open("w") as out:
@@ -214,8 +216,10 @@ def _run_launched(args: argparse.Namespace) -> ConformanceReport:
         if args.verbose or not report.ok:
             output = log_path.read_text(errors="replace").splitlines()
             shown = output if args.verbose else output[-80:]
-            print(f"--- launcher output ({' '.join(command)}), last {len(shown)} lines ---",
-                  file=sys.stderr)
+            print(
+                f"--- launcher output ({' '.join(command)}), last {len(shown)} lines ---",
+                file=sys.stderr,
+            )
             for line in shown:
                 print(line, file=sys.stderr)
             print("--- end of launcher output ---", file=sys.stderr, flush=True)
