@@ -2,8 +2,9 @@
 
     python scripts/summarize_tests.py REPORT_FOLDER [SUITE ...]
 
-When REPORT_FOLDER holds nox reports (nox*.json, from nox --report), each failed session that
-is not a test suite (lint, docs, ...) also counts as one failure.
+When REPORT_FOLDER holds nox reports (nox*.json, from nox --report), each session that is not a
+test suite (lint, docs, ...) and failed, or was aborted (`session.error`), also counts as one
+failure.
 
 With SUITE names, a suite whose report is missing (its set-up failed, or a timeout ended pytest
 before it wrote the report) counts as one failure, and so does a suite that ran no test. Exits
@@ -64,11 +65,11 @@ def main(folder: str, expected: list[str]) -> int:
         totals["passed"] += passed
         totals["failed"] += failed
         totals["skipped"] += skipped
-    # scripts/test.sh may run nox more than once (nox.json, nox-static.json, ...).
+    # scripts/test.sh may run nox more than once (nox-lane1.json, nox-later.json, ...).
     for nox_report in sorted(Path(folder).glob("nox*.json")):
         for session in json.loads(nox_report.read_text()).get("sessions", []):
             name, result = session.get("name", "?"), session.get("result")
-            if name not in reports and name not in expected and result == "failed":
+            if name not in reports and name not in expected and result in ("failed", "aborted"):
                 reason = session.get("reason") or "see its output above"
                 print(f"  {name:<12} session failed: {reason}")
                 problems.append(f"{name} (session failed)")

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up and run every check: the nox sessions lint, docs, core, dingtalk, local, ray,
-# integration and bench-quick (see noxfile.py), then one summary of all test suites. lint, docs
-# and local run beside core and dingtalk (see below). Needs only
+# integration and bench-quick (see noxfile.py), then one summary of all test suites. The suites
+# run in three lanes at once, the benchmarks after them (see below). Needs only
 # Python 3.11+ and pip: nox and uv are installed into .venvs/tools, the environments into .nox/
 # (reused, so a second run is fast). Every session runs even when an earlier one fails; the exit
 # code is non-zero when any failed.
@@ -40,36 +40,53 @@ run_nox() {
   "$NOX" "${args[@]}"
 }
 
-# The static checks (lint, docs), then the torchrun suite (local), run in a second nox process
-# beside the pure-Python suites (core, dingtalk), whose tests mostly wait: the two processes
-# take about as long as each other (the local suite's tests hold under a loaded machine). The
-# suites that start Ray clusters, and the benchmarks, start only when both are done, so
-# nothing runs beside them. The background process's output is printed once it ends. Given
-# arguments for pytest (after "--"), everything runs in order.
-STATIC=()
-PURE=()
-REST=()
+# Three lanes of nox sessions run at once, each its own nox process: the Ray suite (the
+# longest; a fifth of its time waits on timeouts and actors starting), the static checks then
+# the torchrun suite (lint, docs, local), and the pure-Python suites then the integration suite
+# (core, dingtalk, integration). Together they keep both cores busy; every suite's timing
+# bounds hold on a loaded machine (docs/performance.md, "The test suites"). The benchmarks, and
+# any other session, start only when the lanes are done, so nothing runs beside them. Each
+# lane's output is printed when it ends. Given arguments for pytest (after "--"), everything
+# runs in order, in one nox process.
+LANES=(ray "lint docs local" "core dingtalk integration")
+declare -a LANE_SESSIONS=("" "" "")
+LATER=()
 for s in "${SESSIONS[@]}"; do
-  case "$s" in
-    lint | docs | local) STATIC+=("$s") ;;
-    core | dingtalk) PURE+=("$s") ;;
-    *) REST+=("$s") ;;
-  esac
+  placed=0
+  for i in "${!LANES[@]}"; do
+    if [[ " ${LANES[$i]} " == *" $s "* ]]; then
+      LANE_SESSIONS[$i]="${LANE_SESSIONS[$i]} $s"
+      placed=1
+    fi
+  done
+  [ "$placed" -eq 1 ] || LATER+=("$s")
 done
-if [ ${#STATIC[@]} -gt 0 ] && [ ${#PURE[@]} -gt 0 ] && [ ${#POSARGS[@]} -eq 0 ]; then
-  log "${STATIC[*]} in the background (output below when done), beside ${PURE[*]}"
-  run_nox nox-static "${STATIC[@]}" >"$REPORTS/static.log" 2>&1 &
-  static_pid=$!
-  run_nox nox "${PURE[@]}" || status=$?
-  static_status=0
-  wait "$static_pid" || static_status=$?
-  log "output of ${STATIC[*]}"
-  cat "$REPORTS/static.log"
-  [ "$static_status" -eq 0 ] || status=$static_status
-  if [ ${#REST[@]} -gt 0 ]; then
-    rest_status=0
-    run_nox nox-rest "${REST[@]}" || rest_status=$?
-    [ "$rest_status" -eq 0 ] || status=$rest_status
+used=0
+for lane in "${LANE_SESSIONS[@]}"; do [ -z "$lane" ] || used=$((used + 1)); done
+if [ "$used" -gt 1 ] && [ ${#POSARGS[@]} -eq 0 ]; then
+  declare -A lane_of=()
+  for i in "${!LANE_SESSIONS[@]}"; do
+    read -r -a lane <<<"${LANE_SESSIONS[$i]}"
+    [ ${#lane[@]} -gt 0 ] || continue
+    log "lane $((i + 1)): ${lane[*]} (its output follows when it ends)"
+    run_nox "nox-lane$((i + 1))" "${lane[@]}" >"$REPORTS/lane$((i + 1)).log" 2>&1 &
+    lane_of[$!]="$((i + 1))|${lane[*]}"
+  done
+  while [ ${#lane_of[@]} -gt 0 ]; do
+    lane_status=0
+    done_pid=""
+    wait -n -p done_pid "${!lane_of[@]}" || lane_status=$?
+    [ -n "$done_pid" ] || break # nothing left to wait for
+    number=${lane_of[$done_pid]%%|*}
+    log "output of lane $number: ${lane_of[$done_pid]#*|}"
+    cat "$REPORTS/lane$number.log"
+    [ "$lane_status" -eq 0 ] || status=$lane_status
+    unset "lane_of[$done_pid]"
+  done
+  if [ ${#LATER[@]} -gt 0 ]; then
+    later_status=0
+    run_nox nox-later "${LATER[@]}" || later_status=$?
+    [ "$later_status" -eq 0 ] || status=$later_status
   fi
 else
   run_nox nox "${SESSIONS[@]}" || status=$?
