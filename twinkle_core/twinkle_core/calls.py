@@ -189,35 +189,26 @@ class _Resolve:
     spends its time on (about a dozen objects per call).
     """
 
-    __slots__ = ("binding", "call_site", "collector", "mesh", "method", "pending", "spec", "took")
+    __slots__ = ("binding", "call_site", "source", "spec", "took")
 
     def __init__(
         self,
         binding: RemoteBinding,
         spec: MethodSpec,
-        pending: Any,
-        collector: Collector,
-        mesh: DeviceMesh,
-        method: str,
+        source: CallSource,
         call_site: CallSite,
         took: float,
     ) -> None:
-        self.binding = binding
-        self.spec = spec
-        self.pending = pending
-        self.collector = collector
-        self.mesh = mesh
-        self.method = method
-        self.call_site = call_site
-        self.took = took
+        self.binding, self.spec, self.source = binding, spec, source
+        self.call_site, self.took = call_site, took
 
     def __call__(self, timeout: float | None) -> Any:
-        spec, method, call_site = self.spec, self.method, self.call_site
-        workers = self.binding.workers
+        spec, call_site = self.spec, self.call_site
+        workers, pending, collector, mesh, method = self.source
         deadline = timeout if timeout is not None else spec.timeout
         overran = spec.timeout is not None and self.took > spec.timeout
         try:
-            if overran and self.pending.done():
+            if overran and pending.done():
                 raise CallTimeoutError(
                     f"{method} on group {workers.group.name!r} did not finish within its "
                     f"timeout={spec.timeout:g}s (it ran for {self.took:.3g}s "
@@ -226,7 +217,7 @@ class _Resolve:
             # No `done()` check first: for some backends (Ray) asking costs more than a wait
             # that ends at once; the description is built only if the wait is shown.
             with _slow_calls.waiting_for(lambda: _wait_text(method, workers, call_site, deadline)):
-                return self.pending.collect(self.collector, self.mesh, deadline)
+                return pending.collect(collector, mesh, deadline)
         except WorkersFailedError as errors:
             failure = CallFailure(
                 run_name=self.binding.run_name,
@@ -248,7 +239,7 @@ class _Resolve:
         except Exception as exc:  # the collector could not combine the results
             tag = CALLER_TAG.format(site=call_site)
             raise CollectError(
-                f"{tag} {method}: collect={_strategy_name(self.collector)!r} could not combine "
+                f"{tag} {method}: collect={_strategy_name(collector)!r} could not combine "
                 f"the workers' results: {type(exc).__name__}: {exc}. Return values it can "
                 "combine (numbers, arrays or tensors for 'mean'/'sum'), or use collect='none'"
             ) from exc
@@ -314,14 +305,15 @@ def invoke(
     # a call that outlived its method's timeout there fails as it would where it could be.
     took = time.monotonic() - started
     method = f"{workers.class_name}.{spec.name}"
-    resolve = _Resolve(binding, spec, pending, collector, mesh, method, call_site, took)
+    source = CallSource(workers, pending, collector, mesh, method)
+    resolve = _Resolve(binding, spec, source, call_site, took)
     if rec is not None and on_driver:
         resolver = _trace.timed_resolve(resolve, rec, call_id, method, workers.group.name)
     lazy = LazyCollect(
         resolver if rec is not None and on_driver else resolve,
         pending.done,
         describe=f"{method} from {call_site}",
-        source=CallSource(workers, pending, collector, mesh, method),
+        source=source,
     )
     if runtime is not None and runtime.config.name == binding.run_name:
         runtime.track(lazy)
