@@ -105,6 +105,40 @@ def test_tracking_many_calls_keeps_only_those_in_flight():
     shutdown()
 
 
+def test_tracking_stops_at_a_running_call_and_stays_bounded_behind_long_ones():
+    """With many calls in flight, a new call looks at one running call, not more (each look
+    is a `done()`); finished calls queued behind long-running ones are still retired, so the
+    list stays within a small multiple of the calls really running."""
+    from twinkle_core import LazyCollect
+    from twinkle_core.runtime import current_runtime
+
+    initialize("inprocess", groups=[DeviceGroup("g", 2)])
+    runtime = current_runtime()
+    looks = []
+
+    def call(running: bool) -> LazyCollect:
+        def is_done() -> bool:
+            looks.append(running)
+            return not running
+
+        return LazyCollect(lambda timeout: None, is_done)
+
+    try:
+        long_ones = [call(running=True) for _ in range(10)]
+        for lazy in long_ones:
+            runtime.track(lazy)
+        looks.clear()
+        for _ in range(100):
+            runtime.track(call(running=True))
+        assert len(looks) == 100  # one look per call: the first running call ends it
+        for _ in range(2000):
+            runtime.track(call(running=False))
+        running = 10 + 100
+        assert len(runtime._pending) <= 2 * running + 2 * runtime.SWEEP
+    finally:
+        shutdown()
+
+
 def test_a_second_waiter_is_bounded_by_its_own_timeout():
     from twinkle_core import LazyCollect
 

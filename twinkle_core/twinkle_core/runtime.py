@@ -126,10 +126,11 @@ class Runtime:
         except Exception:
             return False
 
-    #: How many tracked calls each new call looks at. Two, the least that works, keeps the
-    #: list no longer than the calls really in flight (each call retires at least as many as
-    #: it adds; each look costs a `done()`), and a constant keeps the cost per call
-    #: independent of how many are pending.
+    #: How many tracked calls each new call looks at, at most: it stops at the first one still
+    #: running (each look costs a `done()`; with thousands of calls in flight most looks find
+    #: a running call). Two keeps the list within a small multiple of the calls really in
+    #: flight (a call retires up to two finished ones for the one it adds), and a constant
+    #: keeps the cost per call independent of how many are pending.
     SWEEP = 2
     #: Finished, uncollected calls are settled together once this many wait, or
     #: `SETTLE_AFTER_S` after the last settling: settling asks the backend for each call's
@@ -144,7 +145,8 @@ class Runtime:
 
         Each new call looks at the oldest few tracked calls only: resolved ones are dropped,
         finished ones set aside to be settled in a batch (outside the lock: settling a
-        failure reports it, which takes the lock again), running ones go to the back.
+        failure reports it, which takes the lock again), and a running one goes to the back
+        and ends the look.
         """
         settle: list[LazyCollect] = []
         with self._lock:
@@ -154,10 +156,10 @@ class Runtime:
                 item = pending.popleft()
                 if item.resolved:
                     continue
-                if item.done():
-                    finished.append(item)
-                else:
+                if not item.done():
                     pending.append(item)
+                    break  # calls behind a running one are most likely running too
+                finished.append(item)
             pending.append(lazy)
             if finished:
                 now = time.monotonic()
