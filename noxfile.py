@@ -194,8 +194,8 @@ def _source_hash(package: str) -> str:
 
 @contextlib.contextmanager
 def _wheels_lock():
-    """Held while a wheel is looked up or built: scripts/test.sh runs three nox processes at once
-    (its lanes of sessions), and several may want the same wheel."""
+    """Held while a wheel is looked up or built: scripts/test.sh runs two nox processes at once
+    (its lanes of sessions), and both may want the same wheel."""
     WHEELS.mkdir(parents=True, exist_ok=True)
     with open(WHEELS / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
