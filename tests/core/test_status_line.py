@@ -14,6 +14,7 @@ import select
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
@@ -178,3 +179,44 @@ def test_a_wait_registered_without_logging_shows_but_never_logs(monkeypatch, cap
             assert time.monotonic() < deadline, "the logged wait was never reported"
             time.sleep(0.05)
     assert logged("the quiet one") == 0
+
+
+def test_a_draw_decided_after_the_last_wait_ended_writes_nothing(monkeypatch):
+    """The watcher draws from a copy of the waits; if the last one ended meanwhile (its
+    `clear` found nothing shown yet), the draw must not put a stale line on the terminal."""
+    import io
+
+    from twinkle_core.slow_calls import _CLEAR, _StatusLine
+
+    err = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", err)
+    line = _StatusLine()
+    line.show("twinkle: waiting for a call: 1 s", lambda: False)  # the wait ended first
+    line.clear()
+    assert err.getvalue() == ""
+    line.show("twinkle: waiting for a call: 1 s", lambda: True)  # still waiting: drawn
+    line.clear()  # the wait ends: erased
+    assert err.getvalue() == _CLEAR + "twinkle: waiting for a call: 1 s" + _CLEAR
+
+
+def test_a_wait_ending_while_the_line_is_drawn_erases_it(monkeypatch):
+    """The other order: the wait ends while the draw holds the line's lock. Its `clear` sees
+    the line marked shown, waits for the draw, then erases it."""
+    import io
+
+    from twinkle_core.slow_calls import _CLEAR, _StatusLine
+
+    err = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", err)
+    line = _StatusLine()
+    ended = threading.Thread(target=line.clear)
+
+    def still_waiting() -> bool:
+        ended.start()  # the wait ends now, on another thread, while the draw is decided
+        ended.join(0.2)  # it blocks on the line's lock (or has not reached it yet)
+        return True
+
+    line.show("twinkle: waiting for a call: 1 s", still_waiting)
+    ended.join(30)
+    assert not ended.is_alive()
+    assert err.getvalue() == _CLEAR + "twinkle: waiting for a call: 1 s" + _CLEAR

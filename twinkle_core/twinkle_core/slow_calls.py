@@ -73,13 +73,23 @@ class _StatusLine:
         self._lock = threading.Lock()
         self._shown = False
 
-    def show(self, text: str) -> None:
+    def show(self, text: str, active: Callable[[], bool] = lambda: True) -> None:
+        """Draw `text`, unless `active()` says the waits it describes have all ended.
+
+        `active` is asked under the lock after the line is marked shown: a wait that ends
+        meanwhile (`clear` from the waiting thread, without the lock while nothing is shown)
+        either saw the mark and waits for this draw to erase it, or ended before the question,
+        which then stops the draw. Either way no line outlives the last wait.
+        """
         width = max(20, shutil.get_terminal_size((100, 20)).columns - 1)
         if len(text) > width:
             text = text[: width - 3] + "..."
         with self._lock:
-            self._write(_CLEAR + text)
             self._shown = True
+            if not active():
+                self._shown = False
+                return
+            self._write(_CLEAR + text)
 
     def clear(self) -> None:
         if not self._shown:  # the common case, on every collected call: no lock
@@ -185,8 +195,8 @@ class _Watcher:
                 long_ones = [
                     (_text(e[0]), now - e[1]) for e in waits if now - e[1] >= STATUS_AFTER_S
                 ]
-                if long_ones:
-                    self.status.show(_status_text(long_ones))
+                if long_ones:  # drawn only while some wait remains (they may end meanwhile)
+                    self.status.show(_status_text(long_ones), lambda: bool(self._waits))
 
 
 def _text(what: str | Callable[[], str]) -> str:
