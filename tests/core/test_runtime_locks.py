@@ -179,3 +179,55 @@ def test_memory_stays_flat_over_many_calls():
     finally:
         shutdown()
     assert grown < 1000, f"{grown} more live objects after 4000 calls"
+
+
+def test_a_collected_call_is_released_by_the_runtime_at_once():
+    """The runtime watches calls for failures nobody collects, but a call user code collected
+    is released right then, not when later calls get round to the list: after the last call
+    of a burst nothing else looks at the list, and on Ray what the runtime holds pins the
+    call's results in the object store. Nothing here runs the garbage collector: the holder
+    and the call must not keep each other alive either."""
+    import gc
+    import weakref
+
+    from twinkle_core.runtime import current_runtime
+
+    initialize("inprocess", groups=[DeviceGroup("g", 2)])
+    gc.disable()
+    try:
+        w = OkOrFail(remote_group="g")
+        lazies = [w.ok() for _ in range(50)]  # a burst, collected after the last was issued
+        refs = [weakref.ref(lazy) for lazy in lazies]
+        assert all(lazy() == ["ok", "ok"] or lazy() == "ok" for lazy in lazies)
+        del lazies
+        alive = sum(ref() is not None for ref in refs)
+        assert alive == 0, f"{alive} of 50 collected calls still held"
+        runtime = current_runtime()
+        assert all(holder.lazy is None for holder in runtime._pending)
+        uncollected = w.ok()  # a call nobody collected stays watched
+        assert any(holder.lazy is uncollected for holder in runtime._pending)
+    finally:
+        gc.enable()
+        shutdown()
+
+
+def test_shutdown_releases_calls_that_still_run():
+    """Calls still running at shutdown are dropped from the watch list without a reference
+    cycle left between them and their holders."""
+    import gc
+    import weakref
+
+    from twinkle_core import LazyCollect
+    from twinkle_core.runtime import current_runtime
+
+    initialize("inprocess", groups=[DeviceGroup("g", 2)])
+    gc.disable()
+    try:
+        lazy = LazyCollect(lambda timeout: None, lambda: False)
+        current_runtime().track(lazy)
+        ref = weakref.ref(lazy)
+        del lazy
+        shutdown()
+        assert ref() is None
+    finally:
+        gc.enable()

@@ -9,6 +9,28 @@ from typing import Any
 _UNSET = object()
 
 
+class TrackedCall:
+    """The runtime's hold on one call it watches for failures nobody collects.
+
+    The runtime keeps these, not the LazyCollects: resolving a LazyCollect releases its
+    `TrackedCall`, so the runtime stops keeping the call (and, through its source, the
+    results a backend keeps for it, such as Ray object refs) the moment user code has the
+    value, not whenever later calls get round to looking at the list.
+    """
+
+    __slots__ = ("lazy",)
+
+    def __init__(self, lazy: LazyCollect) -> None:
+        self.lazy: LazyCollect | None = lazy
+
+    def release(self) -> None:
+        """Stop holding the call (idempotent; breaks the holder <-> LazyCollect cycle)."""
+        lazy = self.lazy
+        if lazy is not None:
+            self.lazy = None
+            lazy._tracked = None
+
+
 class LazyCollect:
     """The not-yet-collected result of one remote call.
 
@@ -25,6 +47,7 @@ class LazyCollect:
         "_lock",
         "_observed",
         "_resolve",
+        "_tracked",
         "_value",
         "source",
     )
@@ -46,6 +69,12 @@ class LazyCollect:
         self._error: BaseException | None = None
         self._lock = threading.Lock()
         self._observed = False
+        self._tracked: TrackedCall | None = None
+
+    def tracked(self) -> TrackedCall:
+        """A holder for the runtime's list of watched calls, released once this resolves."""
+        holder = self._tracked = TrackedCall(self)
+        return holder
 
     @classmethod
     def of_value(cls, value: Any, describe: str = "") -> LazyCollect:
@@ -82,9 +111,13 @@ class LazyCollect:
                     raise  # not final: the caller may wait again
                 except BaseException as exc:
                     self._error = exc
+                    if self._tracked is not None:
+                        self._tracked.release()
                     raise
                 self._resolve = None  # drop references to pending work
                 self._is_done = None
+                if self._tracked is not None:
+                    self._tracked.release()
             return self._value
         finally:
             self._lock.release()

@@ -22,7 +22,7 @@ from .device_group import DeviceGroup
 from .device_mesh import DeviceMesh
 from .errors import ConfigurationError, NotInitializedError
 from .failures import CallFailure
-from .lazy import LazyCollect
+from .lazy import LazyCollect, TrackedCall
 from .notify import AlertQueue, Notifier, as_notifier
 from .plugins import get_plugin, plugin_system
 from .seeding import seed_everything
@@ -74,9 +74,10 @@ class Runtime:
         self.alerts = AlertQueue(config.notifier) if config.notifier is not None else None
         backend._alerts = self.alerts  # type: ignore[attr-defined]  # for flush_alerts()
         self.bound: list[BoundClass] = []
-        self._pending: deque[LazyCollect] = deque()
+        #: Calls watched for failures nobody collects (`track`), oldest first.
+        self._pending: deque[TrackedCall] = deque()
         #: Finished calls nobody collected yet, settled together (`track`).
-        self._finished: list[LazyCollect] = []
+        self._finished: list[TrackedCall] = []
         self._settled_at = time.monotonic()
         self._unobserved: list[tuple[LazyCollect, BaseException]] = []
         self._reported: set[str] = set()
@@ -143,24 +144,28 @@ class Runtime:
     def track(self, lazy: LazyCollect) -> None:
         """Remember a call so its failure is reported even if nobody collects it.
 
-        Each new call looks at the oldest few tracked calls only: resolved ones are dropped,
-        finished ones set aside to be settled in a batch (outside the lock: settling a
-        failure reports it, which takes the lock again), and a running one goes to the back
-        and ends the look.
+        The list holds each call's `TrackedCall`, which resolving the call releases: a
+        collected call is not kept. Each new call drops the released holders at the front of
+        the list and looks at the oldest few calls still held: finished ones are set aside to
+        be settled in a batch (outside the lock: settling a failure reports it, which takes
+        the lock again), and a running one goes to the back and ends the look.
         """
-        settle: list[LazyCollect] = []
+        settle: list[TrackedCall] = []
         with self._lock:
             pending = self._pending
             finished = self._finished
+            while pending and pending[0].lazy is None:
+                pending.popleft()  # released: resolved by user code (one look per call)
             for _ in range(min(self.SWEEP, len(pending))):
-                item = pending.popleft()
-                if item.resolved:
+                holder = pending.popleft()
+                item = holder.lazy
+                if item is None:
                     continue
                 if not item.done():
-                    pending.append(item)
+                    pending.append(holder)
                     break  # calls behind a running one are most likely running too
-                finished.append(item)
-            pending.append(lazy)
+                finished.append(holder)
+            pending.append(lazy.tracked())
             if finished:
                 now = time.monotonic()
                 if len(finished) >= self.SETTLE_BATCH or now - self._settled_at >= (
@@ -171,12 +176,16 @@ class Runtime:
         if settle:
             self._settle(settle)
 
-    def _settle(self, items: list[LazyCollect]) -> None:
+    def _settle(self, holders: list[TrackedCall]) -> None:
         """Collect finished calls nobody collected; remember failures for the shutdown report.
 
         Must be called without holding `self._lock`: a failure is reported through `report`.
         """
-        for item in items:
+        for holder in holders:
+            item = holder.lazy
+            if item is None:
+                continue  # collected by user code meanwhile
+            holder.release()
             if item.resolved or self._known_ok(item):
                 continue
             error = item.settle()
@@ -189,7 +198,10 @@ class Runtime:
         with self._lock:
             pending, self._pending = list(self._pending), deque()
             finished, self._finished = self._finished, []
-        self._settle(finished + [item for item in pending if not item.resolved and item.done()])
+        running = [h for h in pending if h.lazy is not None and not h.lazy.done()]
+        for holder in running:
+            holder.release()  # no longer watched: the run ends
+        self._settle(finished + pending)
         with self._lock:
             unobserved, self._unobserved = self._unobserved, []
         for item, error in unobserved:
