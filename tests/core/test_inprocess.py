@@ -135,6 +135,7 @@ def test_lazy_collect_api(run):
     assert [r[0] for r in lazy] == [0, 1, 2]
     assert lazy() is lazy()  # cached
     assert "Counter.whoami" in repr(lazy)
+    assert f"from {__file__}:" in repr(lazy)  # the user's call site, formatted when shown
 
 
 def test_lazy_collect_off_returns_values():

@@ -202,6 +202,10 @@ class _Resolve:
         self.binding, self.spec, self.source = binding, spec, source
         self.call_site, self.took = call_site, took
 
+    def __str__(self) -> str:
+        """What the call is, for the LazyCollect's repr: formatted only when shown."""
+        return f"{self.source.method} from {self.call_site}"
+
     def __call__(self, timeout: float | None) -> Any:
         spec, call_site = self.spec, self.call_site
         workers, pending, collector, mesh, method = self.source
@@ -312,7 +316,7 @@ def invoke(
     lazy = LazyCollect(
         resolver if rec is not None and on_driver else resolve,
         pending.done,
-        describe=f"{method} from {call_site}",
+        describe=resolve,  # formatted only when shown (`_Resolve.__str__`)
         source=source,
     )
     if runtime is not None and runtime.config.name == binding.run_name:

@@ -56,15 +56,17 @@ class LazyCollect:
         self,
         resolve: Callable[[float | None], Any],
         is_done: Callable[[], bool],
-        describe: str = "",
+        describe: object = "",
         source: Any = None,
     ) -> None:
+        #: What the call is, for `repr`: a string, or any object whose `str()` says it,
+        #: formatted only when shown (calls are made far more often than shown).
+        self._describe = describe
         #: What produced this value, for backends that hand results between groups without
         #: fetching them to the driver (a `twinkle_core.calls.CallSource`, or None).
         self.source = source
         self._resolve: Callable[[float | None], Any] | None = resolve
         self._is_done: Callable[[], bool] | None = is_done
-        self._describe = describe
         self._value: Any = _UNSET
         self._error: BaseException | None = None
         self._lock = threading.Lock()
@@ -77,7 +79,7 @@ class LazyCollect:
         return holder
 
     @classmethod
-    def of_value(cls, value: Any, describe: str = "") -> LazyCollect:
+    def of_value(cls, value: Any, describe: object = "") -> LazyCollect:
         """A LazyCollect that is already complete."""
         lazy = cls(lambda timeout: value, lambda: True, describe)
         lazy._value = value
