@@ -262,6 +262,10 @@ class RayPendingCall(PendingCall):
         self._replies: list[Any] | None = None  # what the refs hold, envelopes unopened
         self._values: list[Any] | None = None
         self._checked: dict[int, Any] = {}  # replies of finished workers, fetched by done()
+        #: Whether `done()` once answered True: it answers True from then on. (Ray's answer
+        #: to the first question can be ahead of the completion callbacks registered with it,
+        #: which report on Ray's own thread.)
+        self._known_done = False
         self._lock = threading.Lock()
         #: Indices of the workers Ray said finished, once `_arm` asked Ray to say (else None).
         self._ready: list[int] | None = None
@@ -300,8 +304,14 @@ class RayPendingCall(PendingCall):
         return [where[r] for r in ready]
 
     def done(self) -> bool:
-        if self._replies is not None or self._failures:
+        if self._replies is not None or self._failures or self._known_done:
             return True
+        if self._is_done():
+            self._known_done = True
+            return True
+        return False
+
+    def _is_done(self) -> bool:
         n = len(self.value_refs)
         if self._ready is not None:
             count = len(self._ready)
