@@ -17,6 +17,7 @@ import ray
 import ray.cloudpickle
 
 from twinkle_core import (
+    CallTimeoutError,
     DeviceGroup,
     get_worker_context,
     initialize,
@@ -56,6 +57,13 @@ class Probe:
             raise RuntimeError("rank 0 fails at once")
         _wait_for(path, limit)
         return "finished"
+
+    @remote_function(dispatch="all", collect="none")
+    def rank0_quick(self, path, limit):
+        """Rank 0 returns at once; the others run until `path` exists (at most `limit` s)."""
+        if get_worker_context().rank != 0:
+            _wait_for(path, limit)
+        return get_worker_context().rank
 
     @remote_function(dispatch="all", collect="none")
     def fail_later(self, delay):
@@ -232,6 +240,25 @@ def test_done_stays_true_before_the_completion_callbacks_report(run, monkeypatch
     assert call.source.pending._ready == []  # ... and report nothing
     assert [call.done() for _ in range(3)] == [True] * 3
     assert call() == [None]
+
+
+def test_a_timeout_names_the_ranks_still_running_before_the_callbacks_report(run, monkeypatch):
+    """After a wait timed out, the error asks Ray which ranks finished: the callbacks may not
+    have reported yet, and a finished rank must not be called running."""
+    monkeypatch.setattr(workers_module, "_OnReady", lambda note, index: lambda exc: None)
+    four = run["four"]
+    path = _release(run)
+    lazy = four.rank0_quick(path, 60.0)
+    try:
+        pending = lazy.source.pending
+        ray.wait(pending.value_refs[:1], timeout=60, fetch_local=False)  # rank 0 finished
+        assert not lazy.done()  # registers the callbacks, which never report
+        assert pending._ready == []
+        with pytest.raises(CallTimeoutError, match=r"ranks still running: \[1, 2, 3\]"):
+            lazy(0.5)
+    finally:
+        open(path, "w").close()
+    assert lazy(120) == [0, 1, 2, 3]
 
 
 def _issue_cost(one, path: str, n: int) -> float:

@@ -294,9 +294,14 @@ class RayPendingCall(PendingCall):
             self._ready = ready
 
     # ------------------------------------------------------------------ state
-    def _finished(self) -> list[int]:
-        """Indices of the workers known to have finished (successfully or not)."""
-        if self._ready is not None:
+    def _finished(self, ask: bool = False) -> list[int]:
+        """Indices of the workers known to have finished (successfully or not).
+
+        From the completion callbacks once registered, unless `ask`: then from Ray itself,
+        whose answer can be a moment ahead of the callbacks (after a wait timed out, the
+        error must not call a finished rank running, nor miss its failure).
+        """
+        if self._ready is not None and not ask:
             return list(self._ready)
         refs = self.value_refs
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)
@@ -390,7 +395,7 @@ class RayPendingCall(PendingCall):
             replies = ray.get(self.value_refs, timeout=timeout)
         except rex.GetTimeoutError:
             if not self._failed_among_finished():
-                finished = set(self._finished())
+                finished = set(self._finished(ask=True))
                 running = [r for i, r in enumerate(self.ranks) if i not in finished]
                 raise CallTimeoutError(
                     f"{self.workers.class_name}.{self.method} on group "
@@ -418,7 +423,7 @@ class RayPendingCall(PendingCall):
             track(self, replies)
 
     def _failed_among_finished(self) -> bool:
-        for i in self._finished():
+        for i in self._finished(ask=True):
             try:
                 ray.get(self.value_refs[i], timeout=0)
             except rex.GetTimeoutError:
