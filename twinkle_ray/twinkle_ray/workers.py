@@ -394,8 +394,8 @@ class RayPendingCall(PendingCall):
         try:
             replies = ray.get(self.value_refs, timeout=timeout)
         except rex.GetTimeoutError:
-            if not self._failed_among_finished():
-                finished = set(self._finished(ask=True))
+            finished = set(self._finished(ask=True))
+            if not self._failed_among(finished):
                 running = [r for i, r in enumerate(self.ranks) if i not in finished]
                 raise CallTimeoutError(
                     f"{self.workers.class_name}.{self.method} on group "
@@ -422,8 +422,9 @@ class RayPendingCall(PendingCall):
         if held:
             track(self, replies)
 
-    def _failed_among_finished(self) -> bool:
-        for i in self._finished(ask=True):
+    def _failed_among(self, finished: set[int]) -> bool:
+        """Whether a worker among `finished` (indices) failed."""
+        for i in finished:
             try:
                 ray.get(self.value_refs[i], timeout=0)
             except rex.GetTimeoutError:
