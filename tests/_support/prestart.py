@@ -149,6 +149,10 @@ def session_fixture(slots: int = 2):
         # Its own pool, closed by itself: two suites' conftests run together (`pytest
         # tests/local tests/ray`) each make one, and the global names the latest.
         pool = _POOL = _Pool(request, slots)
+        # The session's temp folder is made on first use, unguarded: two jobs calling
+        # `tmp_path_factory.mktemp` at once from the pool would each make one (pytest then
+        # refuses the path of one of them). Made here, in the main thread, before any job.
+        request.getfixturevalue("tmp_path_factory").getbasetemp()
         try:
             for key in _wanted(request.session.items):
                 pool.start(key)
