@@ -38,6 +38,7 @@ from .envvars import passthrough_patterns, select
 from .options import RayOptions
 from .payload_check import checked_arguments
 from .resources import ClusterResourceError, ResourceManager, embedded_cluster_cpus, ray_request
+from .shadowing import check_worker_imports, connected_code_paths
 from .transfer import register_tensor_serializer, reset_tensor_serializer
 from .workers import RayPendingCall, RayWorkerGroup, ship_all
 
@@ -147,7 +148,12 @@ class RayBackend(ExecutionBackend):
         # still get every variable through ActorBoot.env.
         accelerated = any(not group.is_cpu for group in config.groups.values())
         job_env = {**self.passthrough_env, **(self.noset if accelerated else {})}
+        adopting = ray.is_initialized()
+        if not adopting and not str(opts.address or "").startswith("ray://"):
+            check_worker_imports()  # before a cluster starts: Ray client jobs add no paths
         try:
+            if adopting:
+                check_worker_imports(connected_code_paths())
             self.connection.open(
                 opts.address,
                 runtime_env={"env_vars": job_env},
