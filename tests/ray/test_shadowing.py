@@ -47,13 +47,19 @@ def test_a_folder_does_not_shadow_a_package_a_path_entry_finds(tmp_path, monkeyp
     check_worker_imports([str(tmp_path)])
 
 
-def test_the_code_paths_are_the_current_directory_and_a_script_directory_on_sys_path(tmp_path):
-    script = tmp_path / "bin" / "drive.py"
-    assert worker_code_paths(cwd=str(tmp_path), argv0=str(script)) == [str(tmp_path)]
-    assert worker_code_paths(cwd=str(tmp_path), argv0="-c") == [str(tmp_path)]
-    here = os.path.realpath(os.path.dirname(__file__))
-    if here in sys.path:  # pytest's rootdir-relative imports may put it there
-        assert worker_code_paths(cwd="/", argv0=__file__) == [here, "/"]
+def test_the_code_paths_are_the_current_directory_and_a_script_directory_on_sys_path(
+    tmp_path, monkeypatch
+):
+    """As `ray.init` computes them: the script's directory only where the driver's sys.path
+    has it (not for `python -m` or `python -c`), then the current directory."""
+    scripts = tmp_path / "bin"
+    scripts.mkdir()
+    script = str(scripts / "drive.py")
+    cwd = str(tmp_path)
+    assert worker_code_paths(cwd=cwd, argv0=script) == [cwd]
+    assert worker_code_paths(cwd=cwd, argv0="-c") == [cwd]
+    monkeypatch.setattr(sys, "path", [os.path.realpath(scripts), *sys.path])
+    assert worker_code_paths(cwd=cwd, argv0=script) == [os.path.realpath(scripts), cwd]
 
 
 DRIVER = """
