@@ -23,6 +23,7 @@ import importlib
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import time
@@ -174,8 +175,25 @@ def markdown(rows: list[Row], errors: dict[str, str], info: dict[str, Any], args
             cells.append(describe_limit(row, True)[0])
         lines.append("| " + " | ".join(cells) + " |")
     for case, error in errors.items():
-        lines.append(f"| {case} | failed: {error.splitlines()[-1][:150]} | | | | |")
+        lines.append(f"| {case} | failed: {error_summary(error)} | | | | |")
     return "\n".join(lines) + "\n"
+
+
+#: The first line of an exception in a traceback: `pkg.SomeError: message` at column 0.
+EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b")
+
+
+def error_summary(error: str, limit: int = 600) -> str:
+    """A failed case's error for one table cell: the exception's whole message (a message of
+    several lines joined), not only a traceback's last line, which may be the end of it."""
+    lines = error.rstrip().splitlines()
+    start = len(lines) - 1
+    for i in range(len(lines) - 1, -1, -1):
+        if EXCEPTION_LINE.match(lines[i]):
+            start = i
+            break
+    text = " ".join(line.strip() for line in lines[start:] if line.strip())
+    return text.replace("|", "/")[:limit]
 
 
 def main(argv: list[str] | None = None) -> int:
