@@ -152,8 +152,8 @@ class RayBackend(ExecutionBackend):
         if not adopting and not str(opts.address or "").startswith("ray://"):
             check_worker_imports()  # before a cluster starts: Ray client jobs add no paths
         try:
-            if adopting:
-                check_worker_imports(connected_code_paths())
+            if adopting and (paths := connected_code_paths()) is not None:
+                check_worker_imports(paths)  # the paths Ray gave this job (none: a client job)
             self.connection.open(
                 opts.address,
                 runtime_env={"env_vars": job_env},

@@ -41,7 +41,8 @@ def worker_code_paths(*, cwd: str | None = None, argv0: str | None = None) -> li
 def connected_code_paths() -> list[str] | None:
     """The directories Ray put first on this job's workers' `sys.path`, read from the job's
     config once connected (the caller may have connected with options of its own), or None
-    where this Ray does not say."""
+    where this Ray does not say (a Ray client connection has no core worker here): then
+    nothing is checked, rather than guessed."""
     try:
         config = ray._private.worker.global_worker.core_worker.get_job_config()
         return list(config.py_driver_sys_path)
