@@ -13,7 +13,11 @@ same gloo transport between the same two processes); the ratio is twinkle's book
 5a's note also gives the floor of a *checked* mean: one `all_reduce` of two float64s (the value
 and one check number), the least a call needs that must also notice ranks at different calls.
 gloo reduces a single element in one step and two or more in several, so on this machine that
-floor is itself about 1.6x the one-number `all_reduce` (see docs/performance.md).
+floor is itself about 1.2-1.6x the one-number `all_reduce` (see docs/performance.md).
+
+Both processes run on one machine, so twinkle's first exchange of each call goes over Unix
+sockets (`twinkle_local/node_sockets.py`). In full mode a second job runs twinkle with
+`node_sockets=False`, the gloo path a job across machines takes, and the notes give its ratios.
 """
 
 from __future__ import annotations
@@ -26,10 +30,8 @@ from harness import BENCH_DIR, Context, Row, median, run_child
 NUMBER, NAME, QUICK, SESSION = "5", "torchrun", True, ()
 
 
-def run(ctx: Context) -> list[Row]:
-    rounds, calls = (60, 1) if ctx.quick else (400, 1)
-    start = time.perf_counter()
-    result = run_child(
+def _job(rounds: int, calls: int, node_sockets: bool) -> dict:
+    return run_child(
         [
             sys.executable,
             "-m",
@@ -39,9 +41,16 @@ def run(ctx: Context) -> list[Row]:
             str(BENCH_DIR / "cases" / "torchrun_job.py"),
             f"--rounds={rounds}",
             f"--calls={calls}",
+            f"--node-sockets={int(node_sockets)}",
         ],
         timeout=300,
     )
+
+
+def run(ctx: Context) -> list[Row]:
+    rounds, calls = (60, 1) if ctx.quick else (400, 1)
+    start = time.perf_counter()
+    result = _job(rounds, calls, node_sockets=True)
     job_s = time.perf_counter() - start
     s = result["samples"]
     extra = {"job_wall_s": job_s, "initialize_s": result["initialize_s"]}
@@ -51,13 +60,25 @@ def run(ctx: Context) -> list[Row]:
         f"{checked / median(s['raw-all_reduce']):.2f}x the one-number one; "
         f"twinkle {median(s['twinkle-mean']) / checked:.2f}x it"
     )
+    gloo_mean = gloo_none = ""
+    if not ctx.quick:  # the path of a job across machines, measured in a job of its own
+        g = _job(rounds, calls, node_sockets=False)["samples"]
+        extra["gloo_path_s"] = {k: median(v) for k, v in g.items()}
+        gloo_mean = (
+            f"; over gloo (node_sockets=False): {median(g['twinkle-mean']) * 1e6:.0f} us, "
+            f"x{median(g['twinkle-mean']) / median(g['raw-all_reduce']):.2f}"
+        )
+        gloo_none = (
+            f"over gloo (node_sockets=False): {median(g['twinkle-none']) * 1e6:.0f} us, "
+            f"x{median(g['twinkle-none']) / median(g['raw-all_gather_object']):.2f}"
+        )
     return [
         Row(
             "5a",
             "torchrun 2 procs: collect='mean' of a scalar vs all_reduce",
             median(s["twinkle-mean"]),
             median(s["raw-all_reduce"]),
-            note=floor,
+            note=floor + gloo_mean,
             extra=extra,
             samples={"twinkle": s["twinkle-mean"], "raw": s["raw-all_reduce"]},
         ),
@@ -66,6 +87,7 @@ def run(ctx: Context) -> list[Row]:
             "torchrun 2 procs: collect='none' vs all_gather_object",
             median(s["twinkle-none"]),
             median(s["raw-all_gather_object"]),
+            note=gloo_none,
             extra=extra,
             samples={"twinkle": s["twinkle-none"], "raw": s["raw-all_gather_object"]},
         ),

@@ -39,9 +39,10 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--calls", type=int, default=20)
+    parser.add_argument("--node-sockets", type=int, default=1)
     args = parser.parse_args()
     start = time.perf_counter()
-    initialize(mode="local", timeout=120, dist_timeout=120)
+    initialize(mode="local", timeout=120, dist_timeout=120, node_sockets=bool(args.node_sockets))
     init_s = time.perf_counter() - start
     worker = Worker(remote_group="default")
     world = dist.get_world_size()

@@ -1,11 +1,13 @@
 """The success path of a call under torchrun: one collective, and the slow path only on trouble.
 
-One real `torchrun --standalone --nproc_per_node=2` job on CPU/gloo (`jobs/collect_fast_job.py`)
-counts every collective each call runs (the methods of torch's `ProcessGroup`). A `mean` of a
-python float and a `collect='none'` call must each cost one collective (the slot all-gather of
-`twinkle_local/exchange.py`) and give exactly the collector's `(r0 + r1) / 2`; a failure or
-diverging calls take the slow path and are reported as before (the failure with the caller's
-line, divergence as an error on every rank, never a mixed value).
+Real `torchrun --standalone --nproc_per_node=2` jobs on CPU/gloo (`jobs/collect_fast_job.py`)
+count every collective each call runs (the methods of torch's `ProcessGroup`, and the slot
+gathers over Unix sockets). A `mean` of a python float and a `collect='none'` call must each cost
+one collective (the slot all-gather of `twinkle_local/exchange.py`) and give exactly the
+collector's `(r0 + r1) / 2`; a failure or diverging calls take the slow path and are reported as
+before (the failure with the caller's line, divergence as an error on every rank, never a mixed
+value). Each check runs twice: with the slot gathers over Unix sockets (the default on one
+machine) and over gloo (`node_sockets=False`, the path of a job across machines).
 """
 
 from __future__ import annotations
@@ -27,12 +29,20 @@ def _line_of(marker: str) -> int:
     return next(i for i, line in enumerate(lines, 1) if marker in line)
 
 
-@prestart.fixture
-def reports(tmp_path_factory):
-    out = tmp_path_factory.mktemp("collect_fast")
-    job = run_job(SCRIPT, out)
+#: The one collective of a successful call on each path: the slot gather (2 x 256 bytes).
+SLOT_GATHER = {"sockets": ["socket_gather", 512], "gloo": ["_allgather_base", 512]}
+
+
+@prestart.fixture(params=["sockets", "gloo"])
+def reports(tmp_path_factory, param):
+    out = tmp_path_factory.mktemp(f"collect_fast_{param}")
+    job = run_job(SCRIPT, out, param)
     assert job.returncode == 0, job.output[-6000:]
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+    got = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert [r["control"] for r in got] == [param, param]
+    for report in got:
+        report["slot_gather"] = SLOT_GATHER[param]
+    return got
 
 
 @pytest.mark.parametrize("rank", [0, 1])
@@ -40,15 +50,16 @@ def test_mean_of_a_float_is_one_collective(reports, rank):
     value, seen = reports[rank]["first"]
     # The first also sends the structure: all_gather_object (sizes, then data) after the slot.
     assert value == 1.0 and len(seen) <= 3, seen
+    assert seen[0] == reports[rank]["slot_gather"], seen
     for value, seen in reports[rank]["counts"]:
         assert value == (0.5 + 1.5) / 2
-        assert len(seen) == 1, seen  # no second step
+        assert seen == [reports[rank]["slot_gather"]], seen  # no second step
 
 
 @pytest.mark.parametrize("rank", [0, 1])
 def test_a_gathering_call_is_one_collective(reports, rank):
     for seen in reports[rank]["none_counts"]:
-        assert len(seen) == 1, seen
+        assert seen == [reports[rank]["slot_gather"]], seen
 
 
 @pytest.mark.parametrize("rank", [0, 1])

@@ -23,8 +23,10 @@ from .conftest import run_job
 pytestmark = pytest.mark.slow
 
 SCRIPT = "transport_job.py"
-GATHERS = ("_allgather_base", "all_gather_single", "allgather", "allgather_coalesced")
+GATHERS = ("socket_gather", "_allgather_base", "all_gather_single", "allgather")
 SLOT_BYTES = 512  # the exchange's slot all-gather: 2 processes x 256 bytes
+#: The slot gather of a job on one machine: over Unix sockets, not gloo (node_sockets.py).
+SLOT_GATHER = ["socket_gather", SLOT_BYTES]
 
 
 @prestart.fixture
@@ -42,13 +44,13 @@ def _broadcast_bytes(seen: list) -> int:
 def _assert_handed_over(seen: list, used: int) -> None:
     """One slot all-gather, then broadcasts of exactly the used tensors' bytes (envelopes that
     do not fit the slot add a few hundred bytes), and no all-gather of the payload."""
-    assert seen[0] == ["_allgather_base", SLOT_BYTES], seen
+    assert seen[0] == SLOT_GATHER, seen
     big_gathers = [c for c in seen if c[0] in GATHERS and c[1] > SLOT_BYTES]
     assert not big_gathers, seen
     tensors = sum(n for name, n in seen if name == "broadcast" and n >= 4096)
     assert tensors == used, (tensors, used, seen)
     assert _broadcast_bytes(seen) - tensors < 4096, seen
-    assert {name for name, _ in seen} <= {"_allgather_base", "broadcast"}, seen
+    assert {name for name, _ in seen} <= {"socket_gather", "broadcast"}, seen
 
 
 @pytest.mark.parametrize("rank", [0, 1])
@@ -84,7 +86,7 @@ def test_weight_handoff_moves_rank0s_tensors_once(reports, rank):
     assert handoff["value"] == handoff["expected"]
     producer_call = handoff["seen"][:-1]  # the consumer's call is one slot gather (a float)
     _assert_handed_over(producer_call, handoff["used_bytes"])
-    assert handoff["seen"][-1] == ["_allgather_base", SLOT_BYTES]
+    assert handoff["seen"][-1] == SLOT_GATHER
     assert handoff["later_same"] and handoff["after_writes"]
     assert handoff["later_is_a_copy"] and handoff["writable_is_a_copy"]
 

@@ -75,6 +75,9 @@ DEFAULT_OPTIONS: dict[str, Any] = {
     "dist_backend": None,
     # Seconds the other processes wait at shutdown for the elected one to send its alerts.
     "notify_wait": 30.0,
+    # Each call's first exchange over Unix sockets when every process runs on this machine
+    # (about 10x faster than gloo for these small messages); False: always over gloo.
+    "node_sockets": True,
 }
 
 
@@ -90,6 +93,7 @@ class LocalBackend(ExecutionBackend):
         self.platform: AcceleratorPlatform | None = None
         self.node = socket.gethostname()
         self.nodes: list[str] = [self.node]
+        self._local_worlds: list[int] = [1]
         self.isolate = True
         self.broken: BaseException | None = None
         self._broken_at = ""
@@ -137,6 +141,8 @@ class LocalBackend(ExecutionBackend):
             elif platform.device_type != "cpu":
                 platform.set_device(env.local_rank)
             self._agree(config)
+            if options["node_sockets"] and self._one_machine():
+                self.channel.use_node_sockets(self._timeout_s)
             start_tracing(self)  # a traced run: clock offsets to rank 0 (tracing.py)
             self.run_name = config.name
             if env.launched:
@@ -161,11 +167,12 @@ class LocalBackend(ExecutionBackend):
         options["notify_wait"] = as_timeout(
             options["notify_wait"], "initialize(mode='local', notify_wait=...)"
         ).total_seconds()
-        if not isinstance(options["isolate"], bool):
-            raise ConfigurationError(
-                f"initialize(mode='local', isolate=...) must be True or False, "
-                f"got {options['isolate']!r}"
-            )
+        for key in ("isolate", "node_sockets"):
+            if not isinstance(options[key], bool):
+                raise ConfigurationError(
+                    f"initialize(mode='local', {key}=...) must be True or False, "
+                    f"got {options[key]!r}"
+                )
         backend = options["dist_backend"]
         if backend is not None and (not isinstance(backend, str) or not backend):
             raise ConfigurationError(
@@ -268,6 +275,13 @@ class LocalBackend(ExecutionBackend):
         store = dist.distributed_c10d._get_default_store()
         self.channel = ControlChannel(env.world_size, env.rank, self._control_group, store)
 
+    def _one_machine(self) -> bool:
+        """Whether every process of the job runs on this machine: one host name, and (under
+        torchrun) one launcher holding the whole world. Every process answers alike (from
+        what `_agree` gathered)."""
+        world = self.env.world_size
+        return len(set(self.nodes)) == 1 and all(n == world for n in self._local_worlds)
+
     def _agree(self, config) -> None:
         """Exchange node names; check every process was initialized the same way; share the
         run name (rank 0's) so alerts and logs name the run alike on every process."""
@@ -278,8 +292,10 @@ class LocalBackend(ExecutionBackend):
             [(g.name, g.num_workers, g.device_type) for g in config.groups.values()],
             None if config.global_device_mesh is None else repr(config.global_device_mesh),
         )
-        hello = self.channel.all_gather((self.node, config.name, fingerprint))
-        for rank, (_, _, theirs) in enumerate(hello):
+        hello = self.channel.all_gather(
+            (self.node, config.name, fingerprint, self.env.local_world_size)
+        )
+        for rank, (_, _, theirs, _) in enumerate(hello):
             if theirs != fingerprint:
                 raise ConfigurationError(
                     f"mode 'local': process {rank} called initialize() differently from process "
@@ -289,6 +305,7 @@ class LocalBackend(ExecutionBackend):
         global _runs_started
         _runs_started += 1
         self.nodes = [h[0] for h in hello]
+        self._local_worlds = [h[3] for h in hello]
         config.name = hello[0][1]
         self.channel.namespace = f"twinkle/{config.name}/{_runs_started}"
 
@@ -767,6 +784,7 @@ class LocalBackend(ExecutionBackend):
         import torch.distributed as dist
 
         group, self._control_group = self._control_group, None
+        self.channel.close()
         self.channel = ControlChannel(1, 0)
         try:
             if group is not None and dist.is_initialized():

@@ -53,6 +53,9 @@ class ControlChannel:
         self.store = store
         self.namespace = namespace
         self._direct = True
+        #: The slot gathers' Unix-socket mesh, when every process is on this machine
+        #: (`use_node_sockets`); None: they go over gloo.
+        self.sockets: Any = None
 
     @property
     def distributed(self) -> bool:
@@ -78,10 +81,14 @@ class ControlChannel:
         The collective runs in gloo's own thread: `work.wait(timeout)` waits for it, and
         `work.is_completed()` tells without waiting.
         """
-        import torch
-
         if self.group is None:
             return slot, DoneWork()
+        if self.sockets is not None:
+            try:
+                return self.sockets.start_gather(slot)
+            except Exception as exc:
+                raise ChannelError(f"{type(exc).__name__}: {exc}") from exc
+        import torch
         import torch.distributed as dist
 
         mine = torch.frombuffer(slot, dtype=torch.uint8)
@@ -96,6 +103,21 @@ class ControlChannel:
             return gathered, _gather_single(dist)(out, mine, group=self.group, async_op=True)
         except Exception as exc:
             raise ChannelError(f"{type(exc).__name__}: {exc}") from exc
+
+    def use_node_sockets(self, timeout_s: float) -> bool:
+        """Gather slots over Unix sockets from now on, if every process can (collective: every
+        process calls it at the same point; `node_sockets.py` says why). True if they do."""
+        if self.group is not None and self.world_size > 1 and self.sockets is None:
+            from .node_sockets import SocketMesh
+
+            self.sockets = SocketMesh.connect(self, timeout_s)
+        return self.sockets is not None
+
+    def close(self) -> None:
+        """Close the socket mesh, if any (the process groups are the backend's to destroy)."""
+        sockets, self.sockets = self.sockets, None
+        if sockets is not None:
+            sockets.close()
 
     def all_gather_bytes(self, payload: bytes, size: int) -> list[bytes]:
         """Every process's `payload` (at most `size` bytes, agreed beforehand), in rank order;

@@ -1,4 +1,8 @@
-"""A torchrun job for the success path of calls: usage `collect_fast_job.py OUT_DIR`.
+"""A torchrun job for the success path of calls: usage `collect_fast_job.py OUT_DIR [PATH]`.
+
+PATH says how the slot gathers travel: `sockets` (the default of a job on one machine, over
+Unix sockets) or `gloo` (`node_sockets=False`, as a job across nodes does); `control` in the
+report says which one the run used.
 
 Every torch.distributed collective is counted (the methods of `ProcessGroup`, which every
 `torch.distributed` collective ends in), so each section records the collectives each call ran:
@@ -36,6 +40,7 @@ from twinkle_core import (
 )
 
 OUT = Path(sys.argv[1])
+PATH = sys.argv[2] if len(sys.argv) > 2 else "sockets"
 RANK = int(os.environ["RANK"])
 
 
@@ -81,10 +86,13 @@ initialize(
     seed=3,
     groups=[DeviceGroup("g", 2, "cpu"), DeviceGroup("solo", 1, "cpu")],
     timeout=60,
+    node_sockets=PATH == "sockets",
 )
 worker = Worker(remote_group="g")
 solo = Worker(remote_group="solo")
-report: dict = {"rank": RANK}
+report: dict = {"rank": RANK, "control": "gloo"}
+_probe = collectives(lambda: worker.nothing()())[1]
+report["control"] = "sockets" if _probe and _probe[0][0] == "socket_gather" else "gloo"
 
 # ----------------------------------------------------------------- counts
 # The first sum/mean of a result structure also sends the structure (exchange.py): not counted.

@@ -2,12 +2,16 @@
 
 Importing it wraps the collectives of `torch.distributed.ProcessGroup` so that each call, while
 counting is on (`COUNTING[0]`, on by default), appends (name, bytes of its first argument's
-tensors) to `SEEN`. `collectives(call)` runs `call` with counting on and returns what it ran.
+tensors) to `SEEN`, and the slot gathers twinkle makes over Unix sockets when the job is on one
+machine (`twinkle_local/node_sockets.py`) as ("socket_gather", bytes gathered).
+`collectives(call)` runs `call` with counting on and returns what it ran.
 """
 
 from __future__ import annotations
 
 import torch.distributed as dist
+
+from twinkle_local.node_sockets import SocketMesh
 
 COLLECTIVES = (
     "allreduce",
@@ -46,6 +50,17 @@ def _counting(name: str, method):
 
     return run
 
+
+def _counting_socket_gather(method):
+    def run(self, slot):
+        if COUNTING[0]:
+            SEEN.append(("socket_gather", len(slot) * self.world_size))
+        return method(self, slot)
+
+    return run
+
+
+SocketMesh.start_gather = _counting_socket_gather(SocketMesh.start_gather)
 
 for _name in COLLECTIVES:
     _method = getattr(dist.ProcessGroup, _name, None)

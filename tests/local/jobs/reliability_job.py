@@ -37,6 +37,7 @@ from twinkle_core import (
     remote_function,
     shutdown,
 )
+from twinkle_local.node_sockets import SocketMesh
 
 OUT = Path(sys.argv[1])
 RANK = int(os.environ["RANK"])
@@ -80,6 +81,8 @@ for _name in dir(dist.ProcessGroup):
         )
     ):
         _patch(dist.ProcessGroup, _name, "collective")
+# ... and so does the slot gather over Unix sockets of a one-machine job (node_sockets.py).
+_patch(SocketMesh, "start_gather", "collective")
 _patch(np.random, "get_state", "rng state copy")
 _patch(np.random, "set_state", "rng state copy")
 _patch(random.Random, "getstate", "rng state copy")
