@@ -18,6 +18,9 @@ floor is itself about 1.2-1.6x the one-number `all_reduce` (see docs/performance
 Both processes run on one machine, so twinkle's first exchange of each call goes over Unix
 sockets (`twinkle_local/node_sockets.py`). In full mode a second job runs twinkle with
 `node_sockets=False`, the gloo path a job across machines takes, and the notes give its ratios.
+Each sample above is one call after a barrier, so it also holds how far apart the processes
+left the barrier; the notes add samples of 20 calls back to back (twinkle's mean against the raw
+all_reduce), which do not.
 """
 
 from __future__ import annotations
@@ -28,9 +31,10 @@ import time
 from harness import BENCH_DIR, Context, Row, median, run_child
 
 NUMBER, NAME, QUICK, SESSION = "5", "torchrun", True, ()
+BURST_NOTE = "20 calls back to back:"
 
 
-def _job(rounds: int, calls: int, node_sockets: bool) -> dict:
+def _job(rounds: int, calls: int, node_sockets: bool, bursts: bool = False) -> dict:
     return run_child(
         [
             sys.executable,
@@ -42,6 +46,7 @@ def _job(rounds: int, calls: int, node_sockets: bool) -> dict:
             f"--rounds={rounds}",
             f"--calls={calls}",
             f"--node-sockets={int(node_sockets)}",
+            f"--bursts={int(bursts)}",
         ],
         timeout=300,
     )
@@ -50,7 +55,7 @@ def _job(rounds: int, calls: int, node_sockets: bool) -> dict:
 def run(ctx: Context) -> list[Row]:
     rounds, calls = (60, 1) if ctx.quick else (400, 1)
     start = time.perf_counter()
-    result = _job(rounds, calls, node_sockets=True)
+    result = _job(rounds, calls, node_sockets=True, bursts=not ctx.quick)
     job_s = time.perf_counter() - start
     s = result["samples"]
     extra = {"job_wall_s": job_s, "initialize_s": result["initialize_s"]}
@@ -62,11 +67,18 @@ def run(ctx: Context) -> list[Row]:
     )
     gloo_mean = gloo_none = ""
     if not ctx.quick:  # the path of a job across machines, measured in a job of its own
-        g = _job(rounds, calls, node_sockets=False)["samples"]
+        g = _job(rounds, calls, node_sockets=False, bursts=True)["samples"]
         extra["gloo_path_s"] = {k: median(v) for k, v in g.items()}
+
+        def burst(samples: dict) -> str:
+            t, r = median(samples["twinkle-mean-burst"]), median(samples["raw-all_reduce-burst"])
+            return f"{t * 1e6:.0f} vs {r * 1e6:.0f} us, x{t / r:.2f}"
+
         gloo_mean = (
-            f"; over gloo (node_sockets=False): {median(g['twinkle-mean']) * 1e6:.0f} us, "
-            f"x{median(g['twinkle-mean']) / median(g['raw-all_reduce']):.2f}"
+            f"; {BURST_NOTE} {burst(s)}; over gloo (node_sockets=False): "
+            f"{median(g['twinkle-mean']) * 1e6:.0f} us, "
+            f"x{median(g['twinkle-mean']) / median(g['raw-all_reduce']):.2f}, "
+            f"{BURST_NOTE} {burst(g)}"
         )
         gloo_none = (
             f"over gloo (node_sockets=False): {median(g['twinkle-none']) * 1e6:.0f} us, "

@@ -2,7 +2,9 @@
 
 Every process runs the same lines, as a twinkle torchrun driver does. Per round each variant
 makes `--calls` calls; the variants alternate (interleaved rounds), with a barrier before each
-so both processes start it together. Rank 0 prints the medians.
+so both processes start it together. With `--bursts=1`, two more variants make `BURST` calls
+back to back per sample (twinkle's mean and the raw all_reduce), where a sample of one call
+also holds how far apart the two processes left the barrier. Rank 0 prints the medians.
 """
 
 from __future__ import annotations
@@ -35,11 +37,16 @@ class Worker:
         return None
 
 
+#: Calls per sample of the "-burst" variants.
+BURST = 20
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--calls", type=int, default=20)
     parser.add_argument("--node-sockets", type=int, default=1)
+    parser.add_argument("--bursts", type=int, default=0)
     args = parser.parse_args()
     start = time.perf_counter()
     initialize(mode="local", timeout=120, dist_timeout=120, node_sockets=bool(args.node_sockets))
@@ -91,16 +98,27 @@ def main() -> None:
             dist.all_gather_object(got, None)
         assert got == [None] * world, got
 
+    def burst(fn):  # BURST calls back to back: no barrier's exit skew in each sample
+        def go() -> None:
+            for _ in range(BURST):
+                fn()
+
+        return go
+
     variants = {
         "twinkle-mean": twinkle_mean,
         "raw-all_reduce": raw_mean,
         "raw-all_reduce-checked": raw_mean_checked,
         "twinkle-none": twinkle_none,
         "raw-all_gather_object": raw_none,
+        "twinkle-mean-burst": burst(twinkle_mean),
+        "raw-all_reduce-burst": burst(raw_mean),
     }
-    samples = interleave(
-        {k: barrier_then(v) for k, v in variants.items()}, args.rounds, per=args.calls
-    )
+    per = {k: args.calls * (BURST if k.endswith("-burst") else 1) for k in variants}
+    if not args.bursts:  # quick mode: no bursts
+        for name in [k for k in variants if k.endswith("-burst")]:
+            del variants[name]
+    samples = interleave({k: barrier_then(v) for k, v in variants.items()}, args.rounds, per=per)
     shutdown()
     if int(os.environ.get("RANK", "0")) == 0:
         emit(
