@@ -40,6 +40,8 @@ def reports(tmp_path_factory, param):
     assert job.returncode == 0, job.output[-6000:]
     got = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert [r["control"] for r in got] == [param, param]
+    shown = {"sockets": "exchange unix-sockets", "gloo": "exchange gloo"}[param]
+    assert all(shown in r["placement"] for r in got), got[0]["placement"]
     for report in got:
         report["slot_gather"] = SLOT_GATHER[param]
     return got

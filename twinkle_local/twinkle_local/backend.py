@@ -807,6 +807,8 @@ class LocalBackend(ExecutionBackend):
         }
         if self.platform is not None:
             out["device"] = self.platform.device_type
+        if self.channel.distributed:  # how each call's first exchange travels
+            out["exchange"] = "unix-sockets" if self.channel.sockets is not None else "gloo"
         return out
 
 

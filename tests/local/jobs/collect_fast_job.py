@@ -32,6 +32,7 @@ from collective_counter import SEEN, collectives  # noqa: F401 (wraps the collec
 
 from twinkle_core import (
     DeviceGroup,
+    get_device_placement,
     get_worker_context,
     initialize,
     remote_class,
@@ -93,6 +94,7 @@ solo = Worker(remote_group="solo")
 report: dict = {"rank": RANK, "control": "gloo"}
 _probe = collectives(lambda: worker.nothing()())[1]
 report["control"] = "sockets" if _probe and _probe[0][0] == "socket_gather" else "gloo"
+report["placement"] = get_device_placement()
 
 # ----------------------------------------------------------------- counts
 # The first sum/mean of a result structure also sends the structure (exchange.py): not counted.
