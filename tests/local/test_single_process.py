@@ -123,6 +123,7 @@ def test_failure_names_the_call_site_and_notifies_once():
         ({"timeout": 0}, r"timeout=\.\.\.\) must be a positive number"),
         ({"dist_timeout": -5}, r"dist_timeout=\.\.\.\) must be a positive number"),
         ({"isolate": "yes"}, r"isolate=\.\.\.\) must be True or False"),
+        ({"node_sockets": 1}, r"node_sockets=\.\.\.\) must be True or False, got 1"),
         ({"dist_backend": 3}, r"dist_backend=\.\.\.\) must be"),
     ],
 )
