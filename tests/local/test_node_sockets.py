@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import resource
 import socket
 import threading
 import time
@@ -215,6 +216,30 @@ def test_a_forked_child_does_not_keep_the_connections_open():
         finally:
             os.kill(pid, 9)
             os.waitpid(pid, 0)
+
+
+def test_waits_work_with_file_descriptors_above_1024():
+    """A training process can hold more than 1024 files; `select` refuses descriptors above
+    FD_SETSIZE, so waiting must not use it (it would raise, or spin without sleeping)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 1200:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(1200, hard), hard))
+    filler = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        with connected(2) as mesh:
+            assert all(s.fileno() > 1024 for m in mesh for s in m._peers.values())
+            buffer, work = mesh[0].start_gather(slot_of(0, 0))
+            cpu = time.process_time()
+            with pytest.raises(RuntimeError, match="timed out after 1s"):
+                work.wait(1.0)  # nobody sends: a wait that sleeps, not one that spins
+            assert time.process_time() - cpu < 0.3
+            threading.Timer(0.2, lambda: mesh[1].start_gather(slot_of(1, 0))).start()
+            assert work.wait(10)
+            assert bytes(buffer) == expected(2, 0)
+    finally:
+        for fd in filler:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 @settings(max_examples=40)

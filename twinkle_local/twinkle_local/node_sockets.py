@@ -213,12 +213,8 @@ class SocketMesh:
                 for r, s in self._peers.items()
                 if work.index not in self._got[r] and r not in self._ended
             ]
-        if not socks:
-            return
-        try:
-            select.select(socks, [], [], seconds)
-        except (OSError, ValueError):  # closed meanwhile (shutdown): the next look says so
-            pass
+        if socks:
+            _poll(socks, select.POLLIN, seconds)
 
     def close(self) -> None:
         with self._lock:
@@ -238,7 +234,7 @@ class SocketMesh:
                 if time.monotonic() > deadline:
                     self._ended[peer] = f"did not read for {self.timeout_s:g}s"
                     return
-                select.select([], [sock], [], _NAP_S)
+                _poll([sock], select.POLLOUT, _NAP_S)
             except InterruptedError:
                 continue
             except OSError:
@@ -318,6 +314,18 @@ def _link(
     except OSError as exc:
         return f"cannot connect: {type(exc).__name__}: {exc}"
     return ""
+
+
+def _poll(socks: list[socket.socket], events: int, seconds: float) -> None:
+    """Sleep until one of `socks` is ready for `events`, at most `seconds`. `poll`, not
+    `select`: a training process may hold more than 1024 files, and `select` refuses those."""
+    poller = select.poll()
+    try:
+        for sock in socks:
+            poller.register(sock, events)
+        poller.poll(max(seconds, 0.0) * 1000)
+    except (OSError, ValueError):  # closed meanwhile (shutdown): the next look says so
+        time.sleep(min(seconds, _NAP_S))
 
 
 def _recv_exactly(sock: socket.socket, n: int) -> bytes:
