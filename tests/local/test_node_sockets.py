@@ -242,6 +242,32 @@ def test_waits_work_with_file_descriptors_above_1024():
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
+def test_a_peer_that_does_not_read_never_blocks_a_look_at_a_gather():
+    """While a send waits for a peer that does not read (its buffer full), another thread (the
+    watchdog) asking whether a gather arrived gets its answer at once."""
+    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    mesh = SocketMesh(0, 2, {1: mine}, timeout_s=60)
+    big = bytearray(64 * 1024)
+    first = mesh.start_gather(big)[1]
+    sending = threading.Thread(target=lambda: [mesh.start_gather(big) for _ in range(64)])
+    sending.start()
+    try:
+        for _ in range(20):  # about 1 s of looks while the sender waits
+            time.sleep(0.05)
+            start = time.monotonic()
+            assert first.is_completed() is False
+            assert time.monotonic() - start < 1.0
+        # 4 MiB cannot all fit the connection's buffers: the sender is still waiting to send.
+        assert sending.is_alive()
+    finally:
+        theirs.close()  # the peer goes: the send stops, the gathers fail
+        sending.join(30)
+        mesh.close()
+    assert not sending.is_alive()
+    with pytest.raises(RuntimeError, match="process 1"):
+        first.wait(10)
+
+
 @settings(max_examples=40)
 @given(
     cuts=st.lists(st.integers(min_value=1, max_value=3 * SLOT), min_size=1, max_size=12),

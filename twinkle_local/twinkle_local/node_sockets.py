@@ -108,8 +108,11 @@ class SocketMesh:
         self._peers = peers
         for sock in peers.values():
             sock.setblocking(False)
-        #: Guards the buffers and the sockets' reads and writes (never held while sleeping).
+        #: Guards the buffers and each read or write of a socket (never held while sleeping).
         self._lock = threading.Lock()
+        #: Held while one gather's messages are sent, so messages never interleave (taken
+        #: before `_lock`, never after it).
+        self._send_lock = threading.Lock()
         self._size: int | None = None
         self._started = 0
         self._partial = {r: bytearray() for r in peers}
@@ -166,17 +169,24 @@ class SocketMesh:
         gathered = bytearray(size * self.world_size)
         gathered[self.rank * size : (self.rank + 1) * size] = slot
         message = bytes(slot)
-        with self._lock:
-            if self._size is None:
-                self._size = size
-                self._split_all()
-            elif size != self._size:
-                raise ValueError(f"slots of {size} bytes after {self._size}: sizes must not change")
-            work = SocketGather(self, self._started, gathered)
-            self._started += 1
-            for peer, sock in self._peers.items():
-                if peer not in self._ended and peer not in self._unsendable:
-                    self._send(peer, sock, message)
+        with self._send_lock:  # one message at a time on each connection
+            with self._lock:
+                if self._size is None:
+                    self._size = size
+                    self._split_all()
+                elif size != self._size:
+                    raise ValueError(
+                        f"slots of {size} bytes after {self._size}: sizes must not change"
+                    )
+                work = SocketGather(self, self._started, gathered)
+                self._started += 1
+                peers = [
+                    (peer, sock)
+                    for peer, sock in self._peers.items()
+                    if peer not in self._ended and peer not in self._unsendable
+                ]
+            for peer, sock in peers:
+                self._send(peer, sock, message)
         return gathered, work
 
     def try_complete(self, work: SocketGather) -> bool:
@@ -222,26 +232,32 @@ class SocketMesh:
                 self._ended.setdefault(peer, "is no longer connected (twinkle shut down here)")
                 sock.close()
 
-    # ----------------------------------------------------------------- internals (lock held)
+    # ----------------------------------------------------------------- internals
     def _send(self, peer: int, sock: socket.socket, message: bytes) -> None:
+        """Send one message (`_send_lock` held). Never sleeps holding `_lock`: a watchdog
+        asking whether a gather arrived must not wait for a peer that does not read."""
         view = memoryview(message)
         deadline = time.monotonic() + self.timeout_s
         while view:
-            try:
-                view = view[sock.send(view) :]
-            except BlockingIOError:  # its buffer is full: read what it sent us, then retry
-                self._pump()
-                if time.monotonic() > deadline:
-                    self._ended[peer] = f"did not read for {self.timeout_s:g}s"
+            with self._lock:
+                try:
+                    view = view[sock.send(view) :]
+                    continue
+                except BlockingIOError:  # its buffer is full: read what it sent us, then retry
+                    self._pump()
+                    if time.monotonic() > deadline:
+                        self._ended[peer] = f"did not read for {self.timeout_s:g}s"
+                        return
+                except InterruptedError:
+                    continue
+                except OSError:
+                    # It closed its end: what it sent before is still to be read, and its end
+                    # of file then says it is gone (`_pump`).
+                    self._unsendable.add(peer)
                     return
-                _poll([sock], select.POLLOUT, _NAP_S)
-            except InterruptedError:
-                continue
-            except OSError:
-                # It closed its end: what it sent before is still to be read, and its end of
-                # file then says it is gone (`_pump`).
-                self._unsendable.add(peer)
-                return
+            _poll([sock], select.POLLOUT, _NAP_S)
+
+    # ----------------------------------------------------------------- internals (lock held)
 
     def _pump(self) -> None:
         """Read whatever the peers sent (never waits)."""
