@@ -5,7 +5,10 @@ runs both twinkle and raw torch.distributed, alternately:
 - 5a twinkle `worker.scalar()()` with collect='mean' vs raw `dist.all_reduce` of a float64
   tensor holding the same scalar, divided by the world size, `.item()`;
 - 5b twinkle `worker.nothing()()` with collect='none' (every rank gets the list of results) vs
-  raw `dist.all_gather_object` of the same None.
+  raw `dist.all_gather_object` of the same None;
+- 5c the same with a result too big for the call's slot (a list of 1000 ints, about 2 KB
+  pickled): over the sockets it follows the slot in the same message, over gloo it takes a
+  second collective.
 Fair because the raw calls are what each collect mode must do at least (one collective over the
 same gloo transport between the same two processes); the ratio is twinkle's bookkeeping
 (call numbering, failure exchange, result shapes) on top.
@@ -65,7 +68,7 @@ def run(ctx: Context) -> list[Row]:
         f"{checked / median(s['raw-all_reduce']):.2f}x the one-number one; "
         f"twinkle {median(s['twinkle-mean']) / checked:.2f}x it"
     )
-    gloo_mean = gloo_none = ""
+    gloo_mean = gloo_none = gloo_medium = ""
     if not ctx.quick:  # the path of a job across machines, measured in a job of its own
         g = _job(rounds, calls, node_sockets=False, bursts=True)["samples"]
         extra["gloo_path_s"] = {k: median(v) for k, v in g.items()}
@@ -80,27 +83,46 @@ def run(ctx: Context) -> list[Row]:
             f"x{median(g['twinkle-mean']) / median(g['raw-all_reduce']):.2f}, "
             f"{BURST_NOTE} {burst(g)}"
         )
+        gloo_medium = (
+            f"over gloo (node_sockets=False): {median(g['twinkle-medium']) * 1e6:.0f} us, "
+            f"x{median(g['twinkle-medium']) / median(g['raw-all_gather_object-medium']):.2f}"
+        )
         gloo_none = (
             f"over gloo (node_sockets=False): {median(g['twinkle-none']) * 1e6:.0f} us, "
             f"x{median(g['twinkle-none']) / median(g['raw-all_gather_object']):.2f}"
         )
+
+    def row(number: str, name: str, twinkle: str, raw: str, note: str) -> Row:
+        return Row(
+            number,
+            f"torchrun 2 procs: {name}",
+            median(s[twinkle]),
+            median(s[raw]),
+            note=note,
+            extra=extra,
+            samples={"twinkle": s[twinkle], "raw": s[raw]},
+        )
+
     return [
-        Row(
+        row(
             "5a",
-            "torchrun 2 procs: collect='mean' of a scalar vs all_reduce",
-            median(s["twinkle-mean"]),
-            median(s["raw-all_reduce"]),
-            note=floor + gloo_mean,
-            extra=extra,
-            samples={"twinkle": s["twinkle-mean"], "raw": s["raw-all_reduce"]},
+            "collect='mean' of a scalar vs all_reduce",
+            "twinkle-mean",
+            "raw-all_reduce",
+            floor + gloo_mean,
         ),
-        Row(
+        row(
             "5b",
-            "torchrun 2 procs: collect='none' vs all_gather_object",
-            median(s["twinkle-none"]),
-            median(s["raw-all_gather_object"]),
-            note=gloo_none,
-            extra=extra,
-            samples={"twinkle": s["twinkle-none"], "raw": s["raw-all_gather_object"]},
+            "collect='none' vs all_gather_object",
+            "twinkle-none",
+            "raw-all_gather_object",
+            gloo_none,
+        ),
+        row(
+            "5c",
+            "collect='none' of a 2 KB result vs all_gather_object",
+            "twinkle-medium",
+            "raw-all_gather_object-medium",
+            gloo_medium,
         ),
     ]

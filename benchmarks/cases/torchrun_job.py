@@ -36,7 +36,13 @@ class Worker:
     def nothing(self) -> None:
         return None
 
+    @remote_function(dispatch="all", collect="none")
+    def medium(self) -> list:
+        return MEDIUM
 
+
+#: A result too big for a call's slot (about 2 KB pickled), as a list of metrics or token ids.
+MEDIUM = list(range(1000))
 #: Calls per sample of the "-burst" variants.
 BURST = 20
 
@@ -98,6 +104,17 @@ def main() -> None:
             dist.all_gather_object(got, None)
         assert got == [None] * world, got
 
+    def twinkle_medium() -> None:
+        for _ in range(args.calls):
+            got = worker.medium()()
+        assert got == [MEDIUM] * world
+
+    def raw_medium() -> None:
+        for _ in range(args.calls):
+            got = [None] * world
+            dist.all_gather_object(got, MEDIUM)
+        assert got == [MEDIUM] * world
+
     def burst(fn):  # BURST calls back to back: no barrier's exit skew in each sample
         def go() -> None:
             for _ in range(BURST):
@@ -111,6 +128,8 @@ def main() -> None:
         "raw-all_reduce-checked": raw_mean_checked,
         "twinkle-none": twinkle_none,
         "raw-all_gather_object": raw_none,
+        "twinkle-medium": twinkle_medium,
+        "raw-all_gather_object-medium": raw_medium,
         "twinkle-mean-burst": burst(twinkle_mean),
         "raw-all_reduce-burst": burst(raw_mean),
     }

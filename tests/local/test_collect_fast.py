@@ -65,6 +65,20 @@ def test_a_gathering_call_is_one_collective(reports, rank):
 
 
 @pytest.mark.parametrize("rank", [0, 1])
+def test_a_result_too_big_for_the_slot_follows_it_over_the_sockets(reports, rank):
+    """About 2 KB per rank: over the sockets it travels in the slot's own message (one
+    collective); over gloo it takes a second one (an all-gather of its bytes)."""
+    slot = reports[rank]["slot_gather"]
+    for value, seen in reports[rank]["medium"]:
+        assert value == [[0] * 1000, [1] * 1000]
+        if slot[0] == "socket_gather":
+            assert seen == [slot], seen
+        else:
+            # the second: an all-gather of both payloads' bytes (2 x about 2 KB)
+            assert seen[0] == slot and len(seen) == 2 and seen[1][1] > 2 * 2000, seen
+
+
+@pytest.mark.parametrize("rank", [0, 1])
 def test_sums_and_means_equal_the_collector_bit_for_bit(reports, rank):
     values = reports[rank]["values"]
     for case, got in values.items():

@@ -114,6 +114,23 @@ def test_every_rank_gets_every_slot_in_rank_order_even_when_ranks_run_ahead():
             assert got[0][n] == got[1][n] == expected(world, n)
 
 
+def test_extra_bytes_after_a_slot_reach_every_other_rank_and_are_bounded():
+    with connected(3) as mesh:
+        extras = {0: b"", 1: b"x" * 5000, 2: bytes(range(256)) * 256}  # up to EAGER_BYTES
+
+        def gather(rank: int):
+            buffer, work = mesh[rank].start_gather(slot_of(rank, 0), extras[rank])
+            assert work.wait(10)
+            return bytes(buffer), work.extras
+
+        got = on_every_rank(3, gather)
+        for rank, (buffer, received) in enumerate(got):
+            assert buffer == expected(3, 0)
+            assert received == {r: e for r, e in extras.items() if r != rank and e}
+        with pytest.raises(ValueError, match="at most 65536"):
+            mesh[0].start_gather(slot_of(0, 1), bytes(node_sockets.EAGER_BYTES + 1))
+
+
 def test_a_peer_that_closes_fails_the_gather_at_once_naming_it():
     with connected(2) as mesh:
         _, work = mesh[0].start_gather(slot_of(0, 0))
@@ -271,16 +288,20 @@ def test_a_peer_that_does_not_read_never_blocks_a_look_at_a_gather():
 @settings(max_examples=40)
 @given(
     cuts=st.lists(st.integers(min_value=1, max_value=3 * SLOT), min_size=1, max_size=12),
-    gathers=st.integers(min_value=1, max_value=4),
+    extras=st.lists(st.binary(max_size=600), min_size=1, max_size=4),
 )
-def test_slots_arriving_in_any_pieces_are_put_back_together(cuts, gathers):
-    """The stream is cut anywhere (the kernel may deliver a slot in pieces, or several slots
-    at once): each gather still gets exactly its own slot from the peer."""
+def test_slots_arriving_in_any_pieces_are_put_back_together(cuts, extras):
+    """The stream is cut anywhere (the kernel may deliver a message in pieces, or several at
+    once): each gather still gets exactly its own slot and extra bytes from the peer."""
     mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     mesh = SocketMesh(0, 2, {1: mine}, timeout_s=10)
+    gathers = len(extras)
     try:
         works = [mesh.start_gather(slot_of(0, n)) for n in range(gathers)]
-        stream = b"".join(bytes(slot_of(1, n)) for n in range(gathers))
+        stream = b"".join(
+            node_sockets.PREFIX.pack(len(extras[n])) + bytes(slot_of(1, n)) + extras[n]
+            for n in range(gathers)
+        )
         position, pieces = 0, iter(cuts)
         while position < len(stream):
             size = next(pieces, len(stream))
@@ -290,6 +311,7 @@ def test_slots_arriving_in_any_pieces_are_put_back_together(cuts, gathers):
         for n, (buffer, work) in enumerate(works):
             assert work.wait(10)
             assert bytes(buffer) == expected(2, n)
+            assert work.extras == ({1: extras[n]} if extras[n] else {})
     finally:
         mesh.close()
         theirs.close()

@@ -74,20 +74,35 @@ class ControlChannel:
             raise ChannelError(f"{type(exc).__name__}: {exc}") from exc
         return out
 
-    def start_gather(self, slot: bytearray) -> tuple[Any, Any]:
-        """Start gathering every process's `slot` (the same size everywhere): (a bytearray
-        that will hold them all in rank order, the collective's work object).
+    @property
+    def eager_bytes(self) -> int:
+        """How many bytes a gather can carry after each slot (`start_gather(extra=...)`):
+        up to `node_sockets.EAGER_BYTES` over the sockets, none on gloo. The same number in
+        every process of the job."""
+        if self.sockets is None:
+            return 0
+        from .node_sockets import EAGER_BYTES
 
-        The collective runs in gloo's own thread: `work.wait(timeout)` waits for it, and
-        `work.is_completed()` tells without waiting.
+        return EAGER_BYTES
+
+    def start_gather(self, slot: bytearray, extra: bytes = b"") -> tuple[Any, Any]:
+        """Start gathering every process's `slot` (the same size everywhere) and, within
+        `eager_bytes`, the `extra` bytes after it: (a bytearray that will hold every slot in
+        rank order, the collective's work object; over the sockets its `extras` holds the
+        other processes' extra bytes by rank).
+
+        On gloo the collective runs in gloo's own thread: `work.wait(timeout)` waits for it,
+        and `work.is_completed()` tells without waiting.
         """
         if self.group is None:
             return slot, DoneWork()
         if self.sockets is not None:
             try:
-                return self.sockets.start_gather(slot)
+                return self.sockets.start_gather(slot, extra)
             except Exception as exc:
                 raise ChannelError(f"{type(exc).__name__}: {exc}") from exc
+        if extra:
+            raise ChannelError("gloo gathers carry no extra bytes (eager_bytes is 0)")
         import torch
         import torch.distributed as dist
 

@@ -22,11 +22,13 @@ header and a small inline payload:
   shapes, keys). The numbers are summed locally, in rank order, by every process.
 
 Since every process reads the same slots, every process takes the same decision: in the common
-case the call is complete after this one collective. Otherwise a second step follows, the same
-on every process: the payloads that did not fit (an all-gather of bytes, or an all-reduce of
-the numbers), the failures, the descriptions of diverging calls, or the objects of results that
-cannot be summed (the first call of each method also sends the structure of its result once,
-so every process can rebuild the value; later calls with the same structure are one
+case the call is complete after this one collective. Over the Unix sockets of a one-machine job
+(`node_sockets.py`) a gathered result too big for its slot, up to 64 KiB, travels in the slot's
+own message, so it needs no second step either (`_follows_slot`). Otherwise a second step
+follows, the same on every process: the payloads that did not fit (an all-gather of bytes, or an
+all-reduce of the numbers), the failures, the descriptions of diverging calls, or the objects of
+results that cannot be summed (the first call of each method also sends the structure of its
+result once, so every process can rebuild the value; later calls with the same structure are one
 collective).
 
 A result held for a transport (large tensors, a method whose `transport=` resolves to one that
@@ -160,6 +162,8 @@ class Exchange:
         self.partial = partial
         self.work: Any = None
         self.buffer: Any = None  # every process's slot, once gathered (a bytearray)
+        #: The other processes' payloads that followed their slot, by rank (`_payloads`).
+        self._extras: dict[int, bytes] = {}
         self.data: Any = None  # the same as bytes
         self.payload = b""
         self.outcome: LocalPendingCall | None = None
@@ -220,8 +224,12 @@ class Exchange:
         if length and not flags & F_BIG:
             mine[HEADER_BYTES : HEADER_BYTES + length] = self.payload
         self._slot = mine  # alive until the collective has read it
+        # A payload too big for the slot follows it in the same message where it can
+        # (`eager_bytes`: over the Unix sockets of a one-machine job), else in a second step.
+        head = (info.kind, flags, 0, length)
+        extra = self.payload if _follows_slot(head, channel.eager_bytes) else b""
         try:
-            self.buffer, self.work = channel.start_gather(mine)
+            self.buffer, self.work = channel.start_gather(mine, extra)
         except ChannelError as exc:
             self._lost(exc)
 
@@ -242,6 +250,7 @@ class Exchange:
         if not _same_call(heads, heads[self.backend.channel.rank]):
             return True
         capacity = slot_bytes(self.backend.channel.world_size) - HEADER_BYTES
+        eager = self.backend.channel.eager_bytes
         if any(h[FLAGS] & F_FAILED for h in heads):
             return any(h[FLAGS] & F_FAILED and h[LENGTH] > capacity for h in heads)
         if any(h[FLAGS] & F_HELD for h in heads):
@@ -249,7 +258,7 @@ class Exchange:
         if self.info.kind == KIND_REDUCE:
             fast, contributors, _ = self._fast_reduce(heads)
             return not fast or any(heads[r][LENGTH] > capacity for r in contributors)
-        return any(h[LENGTH] > capacity for h in heads)
+        return any(h[LENGTH] > capacity and not _follows_slot(h, eager) for h in heads)
 
     # ----------------------------------------------------------------- finish
     def finish(self) -> LocalPendingCall:
@@ -264,12 +273,14 @@ class Exchange:
                 self.work.wait()
             except Exception as exc:
                 return self._lost(ChannelError(f"{type(exc).__name__}: {exc}"))
+            self._extras = getattr(self.work, "extras", None) or {}
             try:
                 self.outcome = self._decide()
             except ChannelError as exc:
                 return self._lost(exc)
             self.buffer = self.data = self.work = self._slot = None
             self._heads = None
+            self._extras = {}
             return self.outcome
 
     def _lost(self, exc: BaseException) -> LocalPendingCall:
@@ -314,14 +325,24 @@ class Exchange:
 
     # ----------------------------------------------------------------- payloads
     def _payloads(self, heads: list[tuple], ranks: list[int]) -> dict[int, bytes]:
-        """The payloads of `ranks`: from the slots, and an all-gather for those too big."""
-        capacity = slot_bytes(self.backend.channel.world_size) - HEADER_BYTES
-        out = {r: self._inline(r, heads[r][LENGTH]) for r in ranks if heads[r][LENGTH] <= capacity}
-        big = [r for r in ranks if heads[r][LENGTH] > capacity]
+        """The payloads of `ranks`: from the slots, from what followed the slots (within
+        `eager_bytes`), and an all-gather for those too big for either."""
+        channel = self.backend.channel
+        capacity = slot_bytes(channel.world_size) - HEADER_BYTES
+        eager = channel.eager_bytes
+        me = channel.rank
+        out: dict[int, bytes] = {}
+        big = []
+        for r in ranks:
+            if heads[r][LENGTH] <= capacity:
+                out[r] = self._inline(r, heads[r][LENGTH])
+            elif _follows_slot(heads[r], eager):
+                out[r] = self.payload if r == me else self._extras[r]
+            else:
+                big.append(r)
         if big:
-            me = self.backend.channel.rank
             size = max(heads[r][LENGTH] for r in big)
-            got = self.backend.channel.all_gather_bytes(self.payload if me in big else b"", size)
+            got = channel.all_gather_bytes(self.payload if me in big else b"", size)
             for r in big:
                 out[r] = got[r][: heads[r][LENGTH]]
         return out
@@ -545,6 +566,19 @@ class Exchange:
             "and make calls from several threads identical or in a fixed order)"
         )
         return LocalPendingCall(None, [], label=self.info.label, error=error)
+
+
+def _follows_slot(head: tuple, eager_bytes: int) -> bool:
+    """Whether a payload too big for its slot followed the slot in the same message: a
+    gathered result (not a failure, nor a held envelope, nor `sum`/`mean` numbers, whose
+    second steps read them otherwise) within `eager_bytes` (0 on gloo). Every process
+    decides alike from the header."""
+    return bool(
+        head[FLAGS] & F_BIG
+        and not head[FLAGS] & (F_FAILED | F_HELD)
+        and head[KIND] != KIND_REDUCE
+        and head[LENGTH] <= eager_bytes
+    )
 
 
 def _same_call(heads: list[tuple], mine: tuple) -> bool:

@@ -10,10 +10,12 @@ mesh of Unix sockets made at start-up; a job across nodes, or one whose sockets 
 keeps gloo. Everything after the first collective (second steps, broadcasts of held results,
 the user's own collectives) stays on torch.distributed.
 
-Messages: each process sends its slot to every other process. Every message has the slot's
-size and a connection keeps their order, so the n-th message from a peer is its slot of the
-n-th gather. A peer that exits closes its connections: a gather still missing its slot fails
-at once. A peer that hangs is waited for at most the control group's timeout, as on gloo.
+Messages: each process sends its slot to every other process, with up to `EAGER_BYTES` of extra
+bytes after it (the exchange's payload when it does not fit the slot, which then needs no second
+collective). A message is the extra bytes' length, the slot, and the extra bytes; a connection
+keeps their order, so the n-th message from a peer is its part of the n-th gather. A peer that
+exits closes its connections: a gather still missing its slot fails at once. A peer that hangs
+is waited for at most the control group's timeout, as on gloo.
 
 Connections: each process listens on a socket in a private folder of its own (mode 0700, so
 only the job's user can connect), the paths and a random tag per process are exchanged over
@@ -46,6 +48,13 @@ log = logging.getLogger("twinkle")
 
 #: What a connecting process sends first: its rank and the listener's tag.
 HELLO = struct.Struct("<I16s")
+#: What precedes each slot on a connection: the length of the bytes that follow the slot.
+PREFIX = struct.Struct("<I")
+#: The most a process sends after its slot (`start_gather(extra=...)`). A connection's buffers
+#: hold a few such messages, and a process has at most two gathers in flight (the backend
+#: finishes the previous calls' exchanges before a call runs), so such a send never waits
+#: for a process that has not reached the call yet.
+EAGER_BYTES = 64 * 1024
 #: Longest wait for the other processes' connections at start-up (they connect right after
 #: the paths were exchanged; only a process that cannot reach this machine's sockets is late).
 SETUP_TIMEOUT_S = 30.0
@@ -57,7 +66,7 @@ _NAP_S = 0.05
 class SocketGather:
     """One gather in flight: `wait(timeout)` and `is_completed()`, as a torch work object."""
 
-    __slots__ = ("_mesh", "buffer", "done", "error", "index")
+    __slots__ = ("_mesh", "buffer", "done", "error", "extras", "index")
 
     def __init__(self, mesh: SocketMesh, index: int, buffer: bytearray) -> None:
         self._mesh = mesh
@@ -65,6 +74,8 @@ class SocketGather:
         self.buffer = buffer
         self.done = False
         self.error: str | None = None
+        #: What the other processes sent after their slot (`start_gather(extra=...)`), by rank.
+        self.extras: dict[int, bytes] = {}
 
     def is_completed(self) -> bool:
         """True once every slot arrived, or the gather failed (`wait` then raises)."""
@@ -116,7 +127,8 @@ class SocketMesh:
         self._size: int | None = None
         self._started = 0
         self._partial = {r: bytearray() for r in peers}
-        self._got: dict[int, dict[int, bytes]] = {r: {} for r in peers}
+        #: Complete messages from each peer, by their position: (slot, extra bytes).
+        self._got: dict[int, dict[int, tuple[bytes, bytes]]] = {r: {} for r in peers}
         self._count = dict.fromkeys(peers, 0)
         #: Peers whose connection ended, and how.
         self._ended: dict[int, str] = {}
@@ -162,13 +174,16 @@ class SocketMesh:
         return None
 
     # ----------------------------------------------------------------- gathers
-    def start_gather(self, slot: bytearray) -> tuple[bytearray, SocketGather]:
-        """Send `slot` to every other process; (a buffer that will hold every slot in rank
-        order, the gather). Never waits for another process to reach the same call."""
+    def start_gather(self, slot: bytearray, extra: bytes = b"") -> tuple[bytearray, SocketGather]:
+        """Send `slot` (and up to `EAGER_BYTES` of `extra` after it) to every other process;
+        (a buffer that will hold every slot in rank order, the gather, whose `extras` will
+        hold the others' extra bytes). Never waits for another process to reach the call."""
         size = len(slot)
+        if len(extra) > EAGER_BYTES:
+            raise ValueError(f"{len(extra)} extra bytes: at most {EAGER_BYTES} follow a slot")
         gathered = bytearray(size * self.world_size)
         gathered[self.rank * size : (self.rank + 1) * size] = slot
-        message = bytes(slot)
+        message = PREFIX.pack(len(extra)) + bytes(slot) + extra
         with self._send_lock:  # one message at a time on each connection
             with self._lock:
                 if self._size is None:
@@ -199,7 +214,10 @@ class SocketMesh:
             if not missing:
                 size = self._size or 0
                 for peer, got in self._got.items():
-                    work.buffer[peer * size : (peer + 1) * size] = got.pop(work.index)
+                    slot, extra = got.pop(work.index)
+                    work.buffer[peer * size : (peer + 1) * size] = slot
+                    if extra:
+                        work.extras[peer] = extra
                 work.done = True
                 return True
             gone = [r for r in missing if r in self._ended]
@@ -285,19 +303,27 @@ class SocketMesh:
             self._split(peer)
 
     def _split(self, peer: int) -> None:
+        """Cut the complete messages (prefix, slot, extra bytes) off the peer's stream."""
         size = self._size
         if size is None:  # a peer's first slot came before ours was sent: sized later
             return
         buf = self._partial[peer]
-        if len(buf) < size:
-            return
-        got, count = self._got[peer], self._count[peer]
-        whole = len(buf) - len(buf) % size
-        for start in range(0, whole, size):
-            got[count] = bytes(buf[start : start + size])
+        got, count, start = self._got[peer], self._count[peer], 0
+        head = PREFIX.size + size
+        while len(buf) - start >= head:
+            (n,) = PREFIX.unpack_from(buf, start)
+            end = start + head + n
+            if len(buf) < end:
+                break
+            got[count] = (
+                bytes(buf[start + PREFIX.size : start + head]),
+                bytes(buf[start + head : end]),
+            )
             count += 1
-        del buf[:whole]
-        self._count[peer] = count
+            start = end
+        if start:
+            del buf[:start]
+            self._count[peer] = count
 
 
 def _link(

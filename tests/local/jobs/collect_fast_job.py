@@ -10,7 +10,8 @@ name and bytes. Each rank writes OUT_DIR/rank<r>.json with the sections:
 
 - `counts`: collect='mean' of a python float, five times after a first call (`first`: it
   also sends the result's structure once), with collectives per call and value, and
-  collect='none' twice (`none_counts`);
+  collect='none' twice (`none_counts`), and twice of a result too big for the slot
+  (`medium`, about 2 KB, with its values);
 - `values`: sums and means that must equal the collector's `r0 + r1` (then `/ 2`) exactly,
   including -0.0, NaN, ints, a float next to an int, numpy floats, and a group of one worker;
 - `failure`: the method raises on rank 1 only: the error every rank catches, then a good call;
@@ -75,6 +76,10 @@ class Worker:
     def nothing(self) -> None:
         return None
 
+    @remote_function(dispatch="all", collect="none")
+    def medium(self) -> list:
+        return [self.rank] * 1000  # about 2 KB pickled: more than a slot holds
+
     @remote_function(dispatch="all", collect="mean")
     def fails_on(self, rank: int) -> float:
         if self.rank == rank:
@@ -101,6 +106,7 @@ report["placement"] = get_device_placement()
 report["first"] = collectives(lambda: worker.scalar()())
 report["counts"] = [collectives(lambda: worker.scalar()()) for _ in range(5)]
 report["none_counts"] = [collectives(lambda: worker.nothing()())[1] for _ in range(2)]
+report["medium"] = [collectives(lambda: worker.medium()()) for _ in range(2)]
 
 # ----------------------------------------------------------------- values
 CASES = {

@@ -52,10 +52,10 @@ def _counting(name: str, method):
 
 
 def _counting_socket_gather(method):
-    def run(self, slot):
+    def run(self, slot, extra=b""):
         if COUNTING[0]:
             SEEN.append(("socket_gather", len(slot) * self.world_size))
-        return method(self, slot)
+        return method(self, slot, extra)
 
     return run
 

@@ -125,7 +125,11 @@ class Worker:
 
     @remote_function(dispatch="all", collect="none")
     def big(self):
-        return list(range(2000))
+        return list(range(2000))  # about 6 KB pickled: more than a slot holds
+
+    @remote_function(dispatch="all", collect="none")
+    def huge(self):
+        return list(range(40000))  # about 120 KB: more than may follow a slot
 
     @remote_function(dispatch="all", collect="none")
     def echo(self, x):
@@ -180,6 +184,7 @@ def collectives(w: Worker) -> dict:
         "dict_mean": per_call(lambda: w.metrics()()),
         "torch_draws": per_call(lambda: w.dropout_sum()()),
         "big": per_call(lambda: w.big()()),
+        "huge": per_call(lambda: w.huge()(), calls=5),
         "values": [w.scalar()(), w.metrics()(), w.nothing()()],
     }
 
