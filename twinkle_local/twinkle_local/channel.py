@@ -79,11 +79,7 @@ class ControlChannel:
         """How many bytes a gather can carry after each slot (`start_gather(extra=...)`):
         up to `node_sockets.EAGER_BYTES` over the sockets, none on gloo. The same number in
         every process of the job."""
-        if self.sockets is None:
-            return 0
-        from .node_sockets import EAGER_BYTES
-
-        return EAGER_BYTES
+        return 0 if self.sockets is None else self.sockets.eager_bytes
 
     def start_gather(self, slot: bytearray, extra: bytes = b"") -> tuple[Any, Any]:
         """Start gathering every process's `slot` (the same size everywhere) and, within

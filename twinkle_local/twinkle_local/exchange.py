@@ -226,8 +226,8 @@ class Exchange:
         self._slot = mine  # alive until the collective has read it
         # A payload too big for the slot follows it in the same message where it can
         # (`eager_bytes`: over the Unix sockets of a one-machine job), else in a second step.
-        head = (info.kind, flags, 0, length)
-        extra = self.payload if _follows_slot(head, channel.eager_bytes) else b""
+        follows = _follows_slot(info.kind, flags, length, channel.eager_bytes)
+        extra = self.payload if follows else b""
         try:
             self.buffer, self.work = channel.start_gather(mine, extra)
         except ChannelError as exc:
@@ -258,7 +258,10 @@ class Exchange:
         if self.info.kind == KIND_REDUCE:
             fast, contributors, _ = self._fast_reduce(heads)
             return not fast or any(heads[r][LENGTH] > capacity for r in contributors)
-        return any(h[LENGTH] > capacity and not _follows_slot(h, eager) for h in heads)
+        return any(
+            h[LENGTH] > capacity and not _follows_slot(h[KIND], h[FLAGS], h[LENGTH], eager)
+            for h in heads
+        )
 
     # ----------------------------------------------------------------- finish
     def finish(self) -> LocalPendingCall:
@@ -336,7 +339,7 @@ class Exchange:
         for r in ranks:
             if heads[r][LENGTH] <= capacity:
                 out[r] = self._inline(r, heads[r][LENGTH])
-            elif _follows_slot(heads[r], eager):
+            elif _follows_slot(heads[r][KIND], heads[r][FLAGS], heads[r][LENGTH], eager):
                 out[r] = self.payload if r == me else self._extras[r]
             else:
                 big.append(r)
@@ -568,16 +571,16 @@ class Exchange:
         return LocalPendingCall(None, [], label=self.info.label, error=error)
 
 
-def _follows_slot(head: tuple, eager_bytes: int) -> bool:
+def _follows_slot(kind: int, flags: int, length: int, eager_bytes: int) -> bool:
     """Whether a payload too big for its slot followed the slot in the same message: a
     gathered result (not a failure, nor a held envelope, nor `sum`/`mean` numbers, whose
     second steps read them otherwise) within `eager_bytes` (0 on gloo). Every process
     decides alike from the header."""
     return bool(
-        head[FLAGS] & F_BIG
-        and not head[FLAGS] & (F_FAILED | F_HELD)
-        and head[KIND] != KIND_REDUCE
-        and head[LENGTH] <= eager_bytes
+        flags & F_BIG
+        and not flags & (F_FAILED | F_HELD)
+        and kind != KIND_REDUCE
+        and length <= eager_bytes
     )
 
 

@@ -110,6 +110,9 @@ class SocketGather:
 class SocketMesh:
     """Connections to every other process of a one-machine job, for the slot gathers."""
 
+    #: The most `start_gather` sends after a slot (the channel's `eager_bytes`).
+    eager_bytes = EAGER_BYTES
+
     def __init__(
         self, rank: int, world_size: int, peers: dict[int, socket.socket], timeout_s: float
     ) -> None:
