@@ -181,79 +181,69 @@ def test_a_rank_failing_after_the_raise_is_added_as_a_note(run):
 
 
 # ------------------------------------------------------------------------ issuing
-def test_done_and_bookkeeping_make_no_ray_call_while_calls_run(run, monkeypatch):
+def test_done_asks_ray_once_for_many_calls_in_flight(run, monkeypatch):
+    """`done()` of 200 calls in flight is one `ray.wait`, about all of them (a look asks Ray
+    about the group's other calls in flight too, and answers from it while fresh), not one
+    per call; the runtime's bookkeeping looks once per interval, not once per call."""
+    from twinkle_core.runtime import Runtime
+
+    monkeypatch.setattr(workers_module, "LOOK_FRESH_S", 3600.0)  # nothing gets stale here
+    monkeypatch.setattr(Runtime, "LOOK_EVERY_S", 3600.0)
     one = run["one"]
     path = _release(run)
     blocker = one.block(path)
-    waits = []
+    asked = []
     real_wait = ray.wait
-    monkeypatch.setattr(ray, "wait", lambda *a, **k: waits.append(1) or real_wait(*a, **k))
+    monkeypatch.setattr(
+        ray, "wait", lambda refs, *a, **k: asked.append(len(refs)) or real_wait(refs, *a, **k)
+    )
     try:
         pending = [one.noop() for _ in range(200)]
+        before = len(asked)  # the bookkeeping's look, if the interval passed since the last
         assert not any(p.done() for p in pending)
     finally:
         open(path, "w").close()
-    assert waits == []  # completion arrives by callback; nothing polls Ray per call
+    assert before <= 1
+    assert asked[before:] == [201]  # one question about the blocker and every call after it
     blocker()
     assert all(p() == [None] for p in pending)
     assert all(p.done() for p in pending)
 
 
-def test_completion_callbacks_only_for_calls_in_flight(run):
-    """Each completion callback takes the driver's GIL from Ray's thread (4 of them cost a
-    no-op call about 10%): a call issued after the previous one was collected registers none
-    unless somebody asks whether it is done; calls in flight register them at once."""
+def test_done_is_fresh_and_stays_true(run, monkeypatch):
+    """A look is reused for at most `LOOK_FRESH_S`; after that `done()` asks again, and once
+    True it stays True (a polling loop must never see True, then False)."""
+    monkeypatch.setattr(workers_module, "LOOK_FRESH_S", 0.05)
     one = run["one"]
-    one.noop()()
-    alone = one.noop()
-    assert alone.source.pending._ready is None  # not armed: nobody asked yet
-    end = time.monotonic() + 60
-    while not alone.done() and time.monotonic() < end:  # the first question arms it
-        time.sleep(0.01)
-    assert alone.done() and alone.source.pending._ready is not None
-    assert alone() == [None]
-
     path = _release(run)
     blocker = one.block(path)
+    call = one.noop()
     try:
-        in_flight = [one.noop() for _ in range(3)]
-        # The blocker was alone when issued; the next call found it unfetched and armed both.
-        assert blocker.source.pending._ready is not None
-        assert all(p.source.pending._ready is not None for p in in_flight)
+        assert not call.done() and not blocker.done()
     finally:
         open(path, "w").close()
-    blocker(120)
-    assert [p(120) for p in in_flight] == [[None]] * 3
-
-
-def test_done_stays_true_before_the_completion_callbacks_report(run, monkeypatch):
-    """The first `done()` asks Ray, then registers callbacks that report on Ray's thread
-    later: an answer once True stays True (a polling loop must never see True, then False)."""
-    one = run["one"]
-    # Callbacks that never report: the slowest Ray thread there can be.
-    monkeypatch.setattr(workers_module, "_OnReady", lambda note, index: lambda exc: None)
-    call = one.noop()
-    refs = call.source.pending.value_refs
-    assert call.source.pending._ready is None  # not armed yet: nobody asked
-    ray.wait(refs, num_returns=len(refs), timeout=60, fetch_local=False)  # it has finished
-    assert call.done()  # Ray says so, and the callbacks are registered now
-    assert call.source.pending._ready == []  # ... and report nothing
+    refs = [*blocker.source.pending.value_refs, *call.source.pending.value_refs]
+    ray.wait(refs, num_returns=len(refs), timeout=60, fetch_local=False)  # both finished
+    end = time.monotonic() + 60
+    while not call.done() and time.monotonic() < end:  # the next look after 50 ms sees it
+        time.sleep(0.01)
+    assert call.done() and blocker.done()  # one look found both
     assert [call.done() for _ in range(3)] == [True] * 3
-    assert call() == [None]
+    assert call() == [None] and blocker() == [None]
 
 
-def test_a_timeout_names_the_ranks_still_running_before_the_callbacks_report(run, monkeypatch):
-    """After a wait timed out, the error asks Ray which ranks finished: the callbacks may not
-    have reported yet, and a finished rank must not be called running."""
-    monkeypatch.setattr(workers_module, "_OnReady", lambda note, index: lambda exc: None)
+def test_a_timeout_names_the_ranks_still_running_whatever_the_last_look_saw(run, monkeypatch):
+    """After a wait timed out, the error asks Ray which ranks finished: the last look may be
+    older than that, and a finished rank must not be called running."""
+    monkeypatch.setattr(workers_module, "LOOK_FRESH_S", 3600.0)
     four = run["four"]
     path = _release(run)
     lazy = four.rank0_quick(path, 60.0)
     try:
         pending = lazy.source.pending
         ray.wait(pending.value_refs[:1], timeout=60, fetch_local=False)  # rank 0 finished
-        assert not lazy.done()  # registers the callbacks, which never report
-        assert pending._ready == []
+        pending._seen, pending._looked_at = [], time.monotonic()  # a look from before that
+        assert not lazy.done()  # answered from that look
         with pytest.raises(CallTimeoutError, match=r"ranks still running: \[1, 2, 3\]"):
             lazy(0.5)
     finally:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 from . import runtime as _runtime
 from . import slow_calls as _slow_calls
@@ -74,18 +74,6 @@ class MethodSpec:
 #: `MethodSpec.resolved()` results by spec id: (spec, plugin system, generation, d, c). Specs
 #: live as long as their classes, so the table holds one entry per remote method.
 _RESOLVED: dict[int, tuple[Any, Any, int, Dispatcher, Collector]] = {}
-
-
-class CallSource(NamedTuple):
-    """Where a LazyCollect's value comes from: the pending call and how it will be collected.
-
-    A named tuple: immutable, and made once per call at the cost of a tuple."""
-
-    workers: WorkerGroup
-    pending: Any
-    collector: Collector
-    device_mesh: DeviceMesh
-    method: str
 
 
 class RemoteBinding:
@@ -180,35 +168,54 @@ def _wait_text(method: str, workers: WorkerGroup, call_site: Any, deadline: floa
     return f"{method} on group {workers.group.name!r} (called at {call_site}{limit})"
 
 
-class _Resolve:
-    """Collects one submitted call: waits for its workers and combines their results, or
-    raises their failure tagged with the call site (and reports it to the runtime).
+class CallSource:
+    """One submitted call: where a LazyCollect's value comes from (the pending call and how it
+    will be collected), and, called, what collects it: waits for the workers and combines
+    their results, or raises their failure tagged with the call site (and reports it to the
+    runtime).
 
-    A class rather than a closure over the call's state: a closure costs a cell object per
-    variable, and with thousands of calls in flight those are what the garbage collector
-    spends its time on (about a dozen objects per call).
+    Backends read `workers`, `pending`, `collector`, `device_mesh` and `method` to hand a
+    result to another group without fetching it to the driver. One slotted object per call
+    rather than a closure, or a tuple beside a resolver: with thousands of calls in flight,
+    each object a call keeps is what the garbage collector spends its time on.
     """
 
-    __slots__ = ("binding", "call_site", "source", "spec", "took")
+    __slots__ = (
+        "binding",
+        "call_site",
+        "collector",
+        "device_mesh",
+        "method",
+        "pending",
+        "spec",
+        "took",
+        "workers",
+    )
 
     def __init__(
         self,
+        workers: WorkerGroup,
+        pending: Any,
+        collector: Collector,
+        device_mesh: DeviceMesh,
+        method: str,
         binding: RemoteBinding,
         spec: MethodSpec,
-        source: CallSource,
         call_site: CallSite,
         took: float,
     ) -> None:
-        self.binding, self.spec, self.source = binding, spec, source
-        self.call_site, self.took = call_site, took
+        self.workers, self.pending, self.collector = workers, pending, collector
+        self.device_mesh, self.method = device_mesh, method
+        self.binding, self.spec, self.call_site, self.took = binding, spec, call_site, took
 
     def __str__(self) -> str:
         """What the call is, for the LazyCollect's repr: formatted only when shown."""
-        return f"{self.source.method} from {self.call_site}"
+        return f"{self.method} from {self.call_site}"
 
     def __call__(self, timeout: float | None) -> Any:
         spec, call_site = self.spec, self.call_site
-        workers, pending, collector, mesh, method = self.source
+        workers, pending, collector = self.workers, self.pending, self.collector
+        mesh, method = self.device_mesh, self.method
         deadline = timeout if timeout is not None else spec.timeout
         overran = spec.timeout is not None and self.took > spec.timeout
         try:
@@ -309,14 +316,12 @@ def invoke(
     # a call that outlived its method's timeout there fails as it would where it could be.
     took = time.monotonic() - started
     method = f"{workers.class_name}.{spec.name}"
-    source = CallSource(workers, pending, collector, mesh, method)
-    resolve = _Resolve(binding, spec, source, call_site, took)
+    source = CallSource(workers, pending, collector, mesh, method, binding, spec, call_site, took)
     if rec is not None and on_driver:
-        resolver = _trace.timed_resolve(resolve, rec, call_id, method, workers.group.name)
+        resolver = _trace.timed_resolve(source, rec, call_id, method, workers.group.name)
     lazy = LazyCollect(
-        resolver if rec is not None and on_driver else resolve,
-        pending.done,
-        describe=resolve,  # formatted only when shown (`_Resolve.__str__`)
+        resolver if rec is not None and on_driver else source,
+        describe=source,  # formatted only when shown (`CallSource.__str__`)
         source=source,
     )
     if runtime is not None and runtime.config.name == binding.run_name:

@@ -34,11 +34,25 @@ def _is_internal(frame) -> bool:
     return frame.f_code.co_filename.startswith(_INTERNAL_DIRS)
 
 
+#: Call sites already made, by (code object, line): a loop making thousands of calls from one
+#: line shares one `CallSite` instead of keeping one per call in flight. Bounded: cleared
+#: when full (a driver has far fewer call sites than this).
+_SITES: dict[tuple[object, int], CallSite] = {}
+_SITES_MAX = 4096
+_UNKNOWN = CallSite("<unknown>", 0, "<unknown>")
+
+
 def user_call_site(skip: int = 1) -> CallSite:
     """The innermost frame outside twinkle's packages, starting `skip` frames above the caller."""
     frame: FrameType | None = sys._getframe(skip)
     while frame is not None and _is_internal(frame):
         frame = frame.f_back
     if frame is None:
-        return CallSite("<unknown>", 0, "<unknown>")
-    return CallSite(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
+        return _UNKNOWN
+    code, lineno = frame.f_code, frame.f_lineno
+    site = _SITES.get((code, lineno))
+    if site is None:
+        if len(_SITES) >= _SITES_MAX:
+            _SITES.clear()
+        site = _SITES[(code, lineno)] = CallSite(code.co_filename, lineno, code.co_name)
+    return site

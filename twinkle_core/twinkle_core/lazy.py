@@ -7,6 +7,10 @@ from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
 _UNSET = object()
+#: `LazyCollect._is_done` when `done()` asks `source.pending.done()`.
+_ASK_SOURCE: Any = object()
+#: Held only while a LazyCollect's own lock is made (`LazyCollect._call_lock`).
+_MAKE_LOCK = threading.Lock()
 
 
 class TrackedCall:
@@ -18,10 +22,12 @@ class TrackedCall:
     value, not whenever later calls get round to looking at the list.
     """
 
-    __slots__ = ("lazy",)
+    __slots__ = ("lazy", "since")
 
-    def __init__(self, lazy: LazyCollect) -> None:
+    def __init__(self, lazy: LazyCollect, since: float = 0.0) -> None:
         self.lazy: LazyCollect | None = lazy
+        #: When the call was made (`time.monotonic()`): the runtime looks at old calls only.
+        self.since = since
 
     def release(self) -> None:
         """Stop holding the call (idempotent; breaks the holder <-> LazyCollect cycle)."""
@@ -55,10 +61,13 @@ class LazyCollect:
     def __init__(
         self,
         resolve: Callable[[float | None], Any],
-        is_done: Callable[[], bool],
+        is_done: Callable[[], bool] | None = None,
         describe: object = "",
         source: Any = None,
     ) -> None:
+        """`resolve(timeout)` collects the value; `is_done()` says, without blocking, whether
+        it would return at once (omitted: `source.pending.done()`, which spares every call a
+        bound-method object)."""
         #: What the call is, for `repr`: a string, or any object whose `str()` says it,
         #: formatted only when shown (calls are made far more often than shown).
         self._describe = describe
@@ -66,16 +75,23 @@ class LazyCollect:
         #: fetching them to the driver (a `twinkle_core.calls.CallSource`, or None).
         self.source = source
         self._resolve: Callable[[float | None], Any] | None = resolve
+        if is_done is None:
+            if getattr(source, "pending", None) is None:
+                raise TypeError("LazyCollect needs is_done, or a source with a pending call")
+            is_done = _ASK_SOURCE
         self._is_done: Callable[[], bool] | None = is_done
         self._value: Any = _UNSET
         self._error: BaseException | None = None
-        self._lock = threading.Lock()
+        #: Held while one thread collects; made when first needed and dropped once the value
+        #: (or the failure) is cached: with thousands of calls in flight, every object a call
+        #: keeps makes the garbage collector's full collections come sooner.
+        self._lock: threading.Lock | None = None
         self._observed = False
         self._tracked: TrackedCall | None = None
 
-    def tracked(self) -> TrackedCall:
+    def tracked(self, since: float = 0.0) -> TrackedCall:
         """A holder for the runtime's list of watched calls, released once this resolves."""
-        holder = self._tracked = TrackedCall(self)
+        holder = self._tracked = TrackedCall(self, since)
         return holder
 
     @classmethod
@@ -90,9 +106,22 @@ class LazyCollect:
         self._observed = True
         return self._get(timeout)
 
-    def _get(self, timeout: float | None) -> Any:
-        # Another thread may be resolving this call: wait for it no longer than `timeout`.
+    def _call_lock(self) -> threading.Lock:
         lock = self._lock
+        if lock is None:
+            with _MAKE_LOCK:
+                lock = self._lock
+                if lock is None:
+                    lock = self._lock = threading.Lock()
+        return lock
+
+    def _get(self, timeout: float | None) -> Any:
+        if self._value is not _UNSET:
+            return self._value
+        if self._error is not None:
+            raise self._error
+        # Another thread may be resolving this call: wait for it no longer than `timeout`.
+        lock = self._call_lock()
         if not lock.acquire(False) and not lock.acquire(
             timeout=-1 if timeout is None else max(timeout, 0.0)
         ):
@@ -122,7 +151,9 @@ class LazyCollect:
                     self._tracked.release()
             return self._value
         finally:
-            self._lock.release()
+            if self._value is not _UNSET or self._error is not None:
+                self._lock = None  # final: later callers take the fast path above
+            lock.release()
 
     def settle(self) -> BaseException | None:
         """Collect a finished call without counting as the user having looked at it.
@@ -131,9 +162,11 @@ class LazyCollect:
         some thread is collecting right now is left to that thread (which sees any failure):
         settling never waits for it, so a hook running inside that collection may call in.
         """
-        if not self._lock.acquire(blocking=False):
-            return None
-        self._lock.release()  # free now; _get takes it again (another thread may win: fine)
+        lock = self._lock
+        if lock is not None:
+            if not lock.acquire(blocking=False):
+                return None
+            lock.release()  # free now; _get takes it again (another thread may win: fine)
         try:
             self._get(None)
         except BaseException as exc:
@@ -150,7 +183,11 @@ class LazyCollect:
         if self._value is not _UNSET or self._error is not None:
             return True
         is_done = self._is_done
-        return bool(is_done is None or is_done())
+        if is_done is None:
+            return True
+        if is_done is _ASK_SOURCE:
+            return bool(self.source.pending.done())
+        return bool(is_done())
 
     @property
     def resolved(self) -> bool:

@@ -9,6 +9,7 @@ import os
 import threading
 import time
 import uuid
+import weakref
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -79,6 +80,12 @@ class Runtime:
         #: Finished calls nobody collected yet, settled together (`track`).
         self._finished: list[TrackedCall] = []
         self._settled_at = time.monotonic()
+        #: When the next call looks at the tracked calls (`track`), and who is looking.
+        self._next_look = 0.0
+        self._look_lock = threading.Lock()
+        #: The thread that also looks when no call is made (`_watch`), and its stop signal.
+        self._watcher: threading.Thread | None = None
+        self._stop_watching = threading.Event()
         self._unobserved: list[tuple[LazyCollect, BaseException]] = []
         self._reported: set[str] = set()
         self._lock = threading.Lock()
@@ -127,12 +134,25 @@ class Runtime:
         except Exception:
             return False
 
-    #: How many tracked calls each new call looks at, at most: it stops at the first one still
-    #: running (each look costs a `done()`; with thousands of calls in flight most looks find
-    #: a running call). Two keeps the list within a small multiple of the calls really in
-    #: flight (a call retires up to two finished ones for the one it adds), and a constant
-    #: keeps the cost per call independent of how many are pending.
-    SWEEP = 2
+    #: How often, at most, a new call looks at the oldest tracked calls for finished ones. A
+    #: look asks each call whether it is done, which for some backends (Ray) is a question to
+    #: the backend costing far more than the rest of a call; asked at most this often, its
+    #: cost is independent of how fast calls are made. A failure nobody collects is noticed
+    #: this much later at most (and reported after `SETTLE_AFTER_S`).
+    LOOK_EVERY_S = 0.01
+    #: A look asks only calls made at least this long ago. Calls are mostly collected by the
+    #: code that made them soon after (a batch issued, then collected): those are never
+    #: asked, fetched or settled here, which for Ray cost calls in flight 20-30% when every
+    #: call was asked. A failure nobody collects is reported this much later.
+    LOOK_AFTER_S = 1.0
+    #: ... or when more calls than this are held, the oldest beyond it, whatever their age:
+    #: calls dropped unresolved faster than `LOOK_AFTER_S` lets them age are not all kept.
+    TRACK_MAX = 4096
+    #: How many tracked calls one look goes through, at most: it stops at the first one still
+    #: running (calls behind a running one most likely run too). Larger than the calls that
+    #: can be made in `LOOK_EVERY_S`, so that the list keeps to a small multiple of the calls
+    #: really in flight even when their LazyCollects are dropped unresolved.
+    SWEEP = 512
     #: Finished, uncollected calls are settled together once this many wait, or
     #: `SETTLE_AFTER_S` after the last settling: settling asks the backend for each call's
     #: outcome, which for Ray is a fetch, and one fetch of many calls costs about one of a
@@ -141,38 +161,99 @@ class Runtime:
     SETTLE_BATCH = 32
     SETTLE_AFTER_S = 0.05
 
+    #: How often the runtime's own thread (`_watch`) looks at the watched calls, so that
+    #: calls dropped uncollected are settled (their failures reported, their results freed)
+    #: also while no further call is made.
+    WATCH_EVERY_S = 0.25
+    #: How long `shutdown()` waits for that thread to end (it is a daemon thread).
+    WATCH_JOIN_S = 2.0
+
+    def _start_watching(self) -> None:
+        """Start the thread that looks at the watched calls (once per runtime)."""
+        with self._lock:
+            if self._watcher is not None:
+                return
+            self._watcher = threading.Thread(
+                target=_watch,
+                args=(weakref.ref(self), self._stop_watching, self.WATCH_EVERY_S),
+                name="twinkle-watch",
+                daemon=True,
+            )
+        self._watcher.start()
+
     def track(self, lazy: LazyCollect) -> None:
         """Remember a call so its failure is reported even if nobody collects it.
 
         The list holds each call's `TrackedCall`, which resolving the call releases: a
         collected call is not kept. Each new call drops the released holders at the front of
-        the list and looks at the oldest few calls still held: finished ones are set aside to
-        be settled in a batch (outside the lock: settling a failure reports it, which takes
-        the lock again), and a running one goes to the back and ends the look.
+        the list; at most every `LOOK_EVERY_S` one also looks at the oldest calls still held,
+        if they were made at least `LOOK_AFTER_S` ago (`_look`).
         """
-        settle: list[TrackedCall] = []
+        now = time.monotonic()
+        holder = lazy.tracked(now)
+        if self._watcher is None:
+            self._start_watching()
         with self._lock:
             pending = self._pending
-            finished = self._finished
             while pending and pending[0].lazy is None:
-                pending.popleft()  # released: resolved by user code (one look per call)
-            for _ in range(min(self.SWEEP, len(pending))):
-                holder = pending.popleft()
+                pending.popleft()  # released: resolved by user code
+            pending.append(holder)
+            look = now >= self._next_look
+            if look:
+                self._next_look = now + self.LOOK_EVERY_S
+        if look:
+            self._look(now)
+
+    def _look(self, now: float) -> None:
+        """Set the finished calls at the front of the list aside, and settle them in a batch.
+
+        Goes through the oldest calls made at least `LOOK_AFTER_S` ago (or beyond
+        `TRACK_MAX`) until one still runs, which goes to the back. The calls are asked whether
+        they are done without holding `self._lock` (the question is backend code); one thread
+        looks at a time (`_look_lock`), and the calls it took but did not ask go back to the
+        front, in order. Called by new calls (`track`) and by the watcher thread (`_watch`).
+        """
+        if not self._look_lock.acquire(blocking=False):
+            return  # another thread is looking right now
+        try:
+            made_before = now - self.LOOK_AFTER_S
+            with self._lock:
+                pending = self._pending
+                over = len(pending) - self.TRACK_MAX
+                taken: list[TrackedCall] = []
+                while (
+                    pending
+                    and len(taken) < self.SWEEP
+                    and (len(taken) < over or pending[0].since <= made_before)
+                ):
+                    taken.append(pending.popleft())
+            finished: list[TrackedCall] = []
+            rest, running = [], []
+            for i, holder in enumerate(taken):
                 item = holder.lazy
                 if item is None:
                     continue
                 if not item.done():
-                    pending.append(holder)
-                    break  # calls behind a running one are most likely running too
+                    # To the back, so that one long call does not keep finished ones behind
+                    # it from being settled; the rest most likely run too (not asked).
+                    running.append(holder)
+                    rest = taken[i + 1 :]
+                    break
                 finished.append(holder)
-            pending.append(lazy.tracked())
-            if finished:
-                now = time.monotonic()
-                if len(finished) >= self.SETTLE_BATCH or now - self._settled_at >= (
-                    self.SETTLE_AFTER_S
+            settle: list[TrackedCall] = []
+            with self._lock:
+                self._pending.extendleft(reversed(rest))
+                self._pending.extend(running)
+                self._finished.extend(finished)
+                waiting = self._finished
+                if waiting and (
+                    len(waiting) >= self.SETTLE_BATCH
+                    or now - self._settled_at >= self.SETTLE_AFTER_S
                 ):
-                    settle, self._finished = finished, []
+                    settle, self._finished = waiting, []
                     self._settled_at = now
+        finally:
+            self._look_lock.release()
         if settle:
             self._settle(settle)
 
@@ -195,7 +276,11 @@ class Runtime:
 
     def settle_all(self) -> None:
         """Report failures of calls that finished but were never collected by user code."""
-        with self._lock:
+        self._stop_watching.set()
+        watcher = self._watcher
+        if watcher is not None and watcher is not threading.current_thread():
+            watcher.join(self.WATCH_JOIN_S)
+        with self._look_lock, self._lock:  # a look in progress puts its calls back first
             pending, self._pending = list(self._pending), deque()
             finished, self._finished = self._finished, []
         running = [h for h in pending if h.lazy is not None and not h.lazy.done()]
@@ -212,6 +297,20 @@ class Runtime:
                     type(error).__name__,
                     error,
                 )
+
+
+def _watch(runtime: weakref.ref[Runtime], stop: threading.Event, every: float) -> None:
+    """The runtime's watcher thread: a look every `every` seconds until `stop` is set or the
+    runtime is gone (it holds the runtime only weakly, and only during a look)."""
+    while not stop.wait(every):
+        current = runtime()
+        if current is None:
+            return
+        try:
+            current._look(time.monotonic())
+        except Exception as exc:  # never let the watcher die; the next look tries again
+            log.debug("twinkle: looking at the calls in flight failed: %s", exc)
+        del current
 
 
 _runtime: Runtime | None = None

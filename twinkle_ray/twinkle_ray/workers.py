@@ -15,12 +15,14 @@ raised. A dead actor tears its whole group down. Completion is tracked with call
 from __future__ import annotations
 
 import collections
+import itertools
 import logging
+import math
 import queue
 import threading
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import ray
@@ -116,9 +118,17 @@ FAILURE_GRACE_MAX_SECONDS = 0.04
 
 #: Whether this Ray can call back when an object exists without fetching it.
 _HAS_ON_READY = hasattr(ray.ObjectRef, "_on_ready")
-#: Held only while one call registers its completion callbacks (`RayPendingCall._arm`),
-#: which take no lock themselves.
-_ARM_LOCK = threading.Lock()
+
+#: Held only while a call's own lock is made (`RayPendingCall._lock`).
+_MAKE_LOCK = threading.Lock()
+
+#: How old a look at a call's workers (`RayWorkerGroup.look`) may be for `done()` to answer
+#: from it: a polling loop (`twinkle_core.wait`, `as_completed`, the runtime's bookkeeping)
+#: asking about many calls in a row then costs one `ray.wait` per group, not one per call.
+LOOK_FRESH_S = 0.001
+#: At most this many refs go into one look: the calls asked about first, then the group's
+#: other calls in flight, oldest first.
+LOOK_REFS = 256
 
 
 def keep_until_done(refs: list[Any], producers: Sequence[Any]) -> None:
@@ -209,37 +219,6 @@ class _CallArguments(threading.local):
     producers: tuple = ()
 
 
-class _NoteReady:
-    """What a call's completion callbacks share: the indices of its finished workers, and the
-    group's `finished` queue the call joins (weakly) once every worker finished. Slotted
-    objects, not closures: a closure costs a cell per variable, and with thousands of calls in
-    flight those are what the garbage collector spends its time on."""
-
-    __slots__ = ("call", "finished", "n", "ready")
-
-    def __init__(self, ready: list[int], n: int, finished: Any, call: RayPendingCall) -> None:
-        self.ready = ready
-        self.n = n
-        self.finished = finished
-        self.call = weakref.ref(call)
-
-
-class _OnReady:
-    """The completion callback of one worker's result (runs on Ray's own thread: only notes)."""
-
-    __slots__ = ("index", "note")
-
-    def __init__(self, note: _NoteReady, index: int) -> None:
-        self.note = note
-        self.index = index
-
-    def __call__(self, exc: Any) -> None:
-        note = self.note
-        note.ready.append(self.index)
-        if len(note.ready) == note.n:
-            note.finished.append(note.call)
-
-
 class RayPendingCall(PendingCall):
     """One method running on some actors: one result ref per worker."""
 
@@ -247,10 +226,9 @@ class RayPendingCall(PendingCall):
         self,
         workers: RayWorkerGroup,
         method: str,
-        ranks: list[int],
+        ranks: Sequence[int],
         value_refs: list[ray.ObjectRef],
         generation: int = 0,
-        arm: bool = True,
     ) -> None:
         self.workers = workers
         self.method = method
@@ -262,51 +240,38 @@ class RayPendingCall(PendingCall):
         self._replies: list[Any] | None = None  # what the refs hold, envelopes unopened
         self._values: list[Any] | None = None
         self._checked: dict[int, Any] = {}  # replies of finished workers, fetched by done()
-        #: Whether `done()` once answered True: it answers True from then on. (Ray's answer
-        #: to the first question can be ahead of the completion callbacks registered with it,
-        #: which report on Ray's own thread.)
+        #: Whether `done()` once answered True: it answers True from then on.
         self._known_done = False
-        self._lock = threading.Lock()
-        #: Indices of the workers Ray said finished, once `_arm` asked Ray to say (else None).
-        self._ready: list[int] | None = None
-        if arm:
-            self._arm()
+        self._lock_made: threading.Lock | None = None  # made on first use (`_lock`)
+        #: Indices of the workers the last look found finished (`RayWorkerGroup.look`), and
+        #: when that look was (monotonic seconds; never: -inf).
+        self._seen: Sequence[int] = ()
+        self._looked_at = -math.inf
 
-    def _arm(self) -> None:
-        """Have Ray note each worker's completion here (`done()` then costs a length check)
-        and put the call on its group's `finished` queue when every worker finished.
-
-        Armed at submission only while another call of the group is still unfetched (calls
-        in flight, where `done()` is asked often and `fetch_finished` batches the fetches):
-        each callback takes the driver's GIL from Ray's own thread, 4 callbacks cost a no-op
-        call about 10%, and a call resolved before the next one is issued never needs them.
-        Otherwise armed by the first `done()`. Idempotent.
-        """
-        if not _HAS_ON_READY or self._ready is not None:
-            return
-        with _ARM_LOCK:
-            if self._ready is not None:
-                return
-            ready: list[int] = []
-            note = _NoteReady(ready, len(self.value_refs), self.workers.finished, self)
-            for i, ref in enumerate(self.value_refs):
-                ref._on_ready(_OnReady(note, i))
-            self._ready = ready
+    @property
+    def _lock(self) -> threading.Lock:
+        """Held while the replies are fetched. Made on first use, not per call: with
+        thousands of calls in flight every object a call keeps makes the garbage collector's
+        full collections come sooner (each about 60 ms in a driver that imported Ray)."""
+        lock = self._lock_made
+        if lock is None:
+            with _MAKE_LOCK:
+                lock = self._lock_made
+                if lock is None:
+                    lock = self._lock_made = threading.Lock()
+        return lock
 
     # ------------------------------------------------------------------ state
-    def _finished(self, ask: bool = False) -> list[int]:
+    def _finished(self, ask: bool = False) -> Sequence[int]:
         """Indices of the workers known to have finished (successfully or not).
 
-        From the completion callbacks once registered, unless `ask`: then from Ray itself,
-        whose answer can be a moment ahead of the callbacks (after a wait timed out, the
-        error must not call a finished rank running, nor miss its failure).
+        From the group's last look when it is at most `LOOK_FRESH_S` old, else from a new
+        look; `ask` always looks (after a wait timed out, the error must not call a finished
+        rank running, nor miss its failure).
         """
-        if self._ready is not None and not ask:
-            return list(self._ready)
-        refs = self.value_refs
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)
-        where = {ref: i for i, ref in enumerate(refs)}
-        return [where[r] for r in ready]
+        if ask or time.monotonic() - self._looked_at > LOOK_FRESH_S:
+            self.workers.look(self)
+        return self._seen
 
     def done(self) -> bool:
         if self._replies is not None or self._failures or self._known_done:
@@ -317,19 +282,9 @@ class RayPendingCall(PendingCall):
         return False
 
     def _is_done(self) -> bool:
-        n = len(self.value_refs)
-        if self._ready is not None:
-            count = len(self._ready)
-            if count >= n:
-                return True
-            if count == 0:
-                return False
-            finished = list(self._ready)
-        else:
-            finished = self._finished()  # asks Ray now; later questions go to the callbacks
-            self._arm()
-            if len(finished) == n:
-                return True
+        finished = self._finished()
+        if len(finished) >= len(self.value_refs):
+            return True
         # Some finished, some still run: a failure among the finished means waiting would
         # raise at once (fail fast), so the call counts as done.
         for i in finished:
@@ -509,6 +464,12 @@ class RayPendingCall(PendingCall):
 _FAILED = object()
 
 
+def _settled(call: RayPendingCall | None) -> bool:
+    """Whether there is nothing left to ask Ray about `call`: gone, fetched, failed or known
+    to have finished."""
+    return call is None or call._known_done or call._replies is not None or bool(call._failures)
+
+
 class LateFailures:
     """Adds a note to an exception already raised when another rank of its call fails later.
 
@@ -557,11 +518,6 @@ class LateFailures:
 _late_failures = LateFailures()
 
 
-def _no_call() -> None:
-    """`RayWorkerGroup._last_call` before the group's first call."""
-    return None
-
-
 class RayWorkerGroup(WorkerGroup):
     """One actor per worker; picklable (handles travel), so workers can call other groups."""
 
@@ -596,10 +552,11 @@ class RayWorkerGroup(WorkerGroup):
         self._send_lock = threading.Lock()
         self._methods: dict[tuple[int, str], Any] = {}
         #: Calls of this group whose workers all finished, not yet fetched (weak references,
-        #: appended by completion callbacks): fetched together by `fetch_finished`.
+        #: appended by `look`): fetched together by `fetch_finished`.
         self.finished: collections.deque = collections.deque()
-        #: The group's latest call (weakly): whether calls are in flight (`submit`).
-        self._last_call: Callable[[], RayPendingCall | None] = _no_call
+        #: This group's calls not known to have finished, oldest first (weak references):
+        #: what `look` asks Ray about along with the call it was asked about.
+        self._inflight: collections.deque = collections.deque()
         self.handles = handles
         #: This generation's `TWINKLE_WORKER_GROUP` (names its transport groups).
         self.tag = ""
@@ -618,7 +575,7 @@ class RayWorkerGroup(WorkerGroup):
         state.pop("_local", None)
         state.pop("_send_lock", None)
         state.pop("finished", None)
-        state.pop("_last_call", None)
+        state.pop("_inflight", None)
         state["_methods"] = {}
         state["restarter"] = None
         return state
@@ -628,7 +585,47 @@ class RayWorkerGroup(WorkerGroup):
         self._local = _CallArguments()
         self._send_lock = threading.Lock()
         self.finished = collections.deque()
-        self._last_call = _no_call
+        self._inflight = collections.deque()
+
+    def look(self, call: RayPendingCall) -> None:
+        """Ask Ray which workers of `call`, and of this group's other calls in flight, have
+        finished, and note it on each call (`RayPendingCall._seen`).
+
+        One `ray.wait` for all of them: it costs about 80 us while any of its refs is
+        pending, nearly whatever their number up to a few hundred, so a loop asking about
+        many calls in a row (`twinkle_core.wait`, the runtime's bookkeeping) asks Ray once
+        per `LOOK_FRESH_S`, not once per call. Calls found finished join `finished`, to be
+        fetched together by the first of them collected. No completion callbacks: each
+        takes the driver's GIL from Ray's own thread, which cost calls in flight 20-30% (the
+        measurements are in docs/performance.md).
+        """
+        calls = [call]
+        refs = list(call.value_refs)
+        inflight = self._inflight
+        try:
+            while inflight and _settled(inflight[0]()):
+                inflight.popleft()
+            others = list(itertools.islice(inflight, LOOK_REFS))
+        except (IndexError, RuntimeError):  # another thread changed the queue meanwhile
+            others = []
+        for ref in others:
+            other = ref()
+            if other is None or other is call or _settled(other):
+                continue
+            if len(refs) + len(other.value_refs) > LOOK_REFS:
+                break
+            calls.append(other)
+            refs.extend(other.value_refs)
+        now = time.monotonic()
+        refs = list(dict.fromkeys(refs))  # `ray.wait` refuses a ref given twice
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)
+        found = set(ready)
+        for one in calls:
+            seen = tuple([i for i, ref in enumerate(one.value_refs) if ref in found])
+            one._seen, one._looked_at = seen, now
+            if len(seen) == len(one.value_refs) and not one._known_done:
+                one._known_done = True
+                self.finished.append(weakref.ref(one))
 
     #: At most this many finished calls are fetched by one `ray.get`.
     FETCH_BATCH = 1024
@@ -786,17 +783,12 @@ class RayWorkerGroup(WorkerGroup):
             refs = self._send(method, calls, has_remote, rdt)
         if producers:
             keep_until_done(refs, producers)
-        # Calls in flight (the previous call of this group not fetched yet) are armed for
-        # completion callbacks at once, the previous one too; a call issued after the
-        # previous was collected is armed only if somebody asks whether it is done.
-        last = self._last_call()
-        in_flight = last is not None and last._replies is None and not last._failures
-        if in_flight:
-            last._arm()
-        pending = RayPendingCall(
-            self, method, [c.rank for c in calls], refs, self.restarts, arm=in_flight
-        )
-        self._last_call = weakref.ref(pending)
+        # The ranks as a tuple of ints, which the garbage collector stops tracking.
+        pending = RayPendingCall(self, method, tuple([c.rank for c in calls]), refs, self.restarts)
+        inflight = self._inflight
+        while inflight and _settled(inflight[0]()):
+            inflight.popleft()  # collected, dropped or known finished: nothing to ask about
+        inflight.append(weakref.ref(pending))
         return pending
 
     def _send(
