@@ -57,6 +57,14 @@ class PendingCall(ABC):
     def done(self) -> bool:
         """Whether `wait` would return or raise without blocking."""
 
+    @classmethod
+    def ask_many(cls, calls: list[PendingCall]) -> None:
+        """About to ask `done()` of each of `calls` (all of this class): a backend whose
+        question is a round trip may ask about all of them at once here and have `done()`
+        answer from that (Ray: one `ray.wait`). `twinkle_core.wait`, `as_completed` and the
+        runtime's bookkeeping call it before they go through many calls. Does nothing by
+        default: `done()` then answers each on its own."""
+
     def succeeded(self) -> bool:
         """True when every worker is known to have finished without error, without fetching
         the results; False when unknown. The runtime then need not collect a finished call

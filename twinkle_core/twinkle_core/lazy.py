@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import Any
 
 _UNSET = object()
@@ -217,3 +217,20 @@ class LazyCollect:
         state = "done" if self.resolved else "pending"
         what = f" {self._describe}" if self._describe else ""
         return f"<LazyCollect{what} {state}>"
+
+
+def ask_many(lazies: Iterable[LazyCollect]) -> None:
+    """Before asking `done()` of many calls: let each backend ask about its calls at once
+    (`PendingCall.ask_many`, grouped by the pending call's class). Resolved calls and
+    LazyCollects without a pending call are left out."""
+    by_class: dict[type, list[Any]] = {}
+    for lazy in lazies:
+        if lazy._value is not _UNSET or lazy._error is not None:
+            continue
+        pending = getattr(lazy.source, "pending", None)
+        if pending is not None:
+            by_class.setdefault(type(pending), []).append(pending)
+    for kind, calls in by_class.items():
+        ask = getattr(kind, "ask_many", None)
+        if ask is not None:
+            ask(calls)

@@ -23,7 +23,7 @@ from .device_group import DeviceGroup
 from .device_mesh import DeviceMesh
 from .errors import ConfigurationError, NotInitializedError
 from .failures import CallFailure
-from .lazy import LazyCollect, TrackedCall
+from .lazy import LazyCollect, TrackedCall, ask_many
 from .notify import AlertQueue, Notifier, as_notifier
 from .plugins import get_plugin, plugin_system
 from .seeding import seed_everything
@@ -229,6 +229,7 @@ class Runtime:
                     taken.append(pending.popleft())
             finished: list[TrackedCall] = []
             rest, running = [], []
+            ask_many([h.lazy for h in taken if h.lazy is not None])
             for i, holder in enumerate(taken):
                 item = holder.lazy
                 if item is None:

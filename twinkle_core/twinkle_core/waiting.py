@@ -1,7 +1,8 @@
 """Waiting on many calls at once: `wait` (as `ray.wait`) and `as_completed` (as
 `concurrent.futures.as_completed`), for every backend.
 
-Both only ask each LazyCollect whether it is done (`done()` never blocks), with a short sleep
+Both only ask each LazyCollect whether it is done (`done()` never blocks; each round first lets
+the backends ask about all the calls at once, `PendingCall.ask_many`), with a short sleep
 that grows from 1 ms to 20 ms between rounds: no thread per call, and a finished call is seen
 within about 20 ms whatever the backend.
 """
@@ -12,7 +13,7 @@ import time
 from collections.abc import Iterable, Iterator
 
 from .errors import CallTimeoutError, ConfigurationError
-from .lazy import LazyCollect
+from .lazy import LazyCollect, ask_many
 
 _FIRST_SLEEP, _MAX_SLEEP = 0.001, 0.02
 
@@ -66,6 +67,7 @@ def wait(
     deadline = None if timeout is None else time.monotonic() + timeout
     sleep = _FIRST_SLEEP
     while True:
+        ask_many(items)
         done_ids = {id(x) for x in items if x.done()}
         if len(done_ids) >= num_returns or (deadline is not None and time.monotonic() >= deadline):
             break
@@ -94,6 +96,7 @@ def _completed(items: list[LazyCollect], timeout: float | None) -> Iterator[Lazy
     pending = list(items)
     sleep = _FIRST_SLEEP
     while pending:
+        ask_many(pending)
         finished = [x for x in pending if x.done()]
         if finished:
             sleep = _FIRST_SLEEP

@@ -15,7 +15,6 @@ raised. A dead actor tears its whole group down. Completion is tracked with call
 from __future__ import annotations
 
 import collections
-import itertools
 import logging
 import math
 import queue
@@ -122,12 +121,11 @@ _HAS_ON_READY = hasattr(ray.ObjectRef, "_on_ready")
 #: Held only while a call's own lock is made (`RayPendingCall._lock`).
 _MAKE_LOCK = threading.Lock()
 
-#: How old a look at a call's workers (`RayWorkerGroup.look`) may be for `done()` to answer
-#: from it: a polling loop (`twinkle_core.wait`, `as_completed`, the runtime's bookkeeping)
-#: asking about many calls in a row then costs one `ray.wait` per group, not one per call.
+#: How old a look at a call's workers (`RayPendingCall.ask_many`) may be for `done()` to
+#: answer from it: a polling loop that asked about many calls at once (`twinkle_core.wait`,
+#: `as_completed`, the runtime's bookkeeping) then costs one `ray.wait`, not one per call.
 LOOK_FRESH_S = 0.001
-#: At most this many refs go into one look: the calls asked about first, then the group's
-#: other calls in flight, oldest first.
+#: At most this many refs go into one `ray.wait` of a look.
 LOOK_REFS = 256
 
 
@@ -243,8 +241,8 @@ class RayPendingCall(PendingCall):
         #: Whether `done()` once answered True: it answers True from then on.
         self._known_done = False
         self._lock_made: threading.Lock | None = None  # made on first use (`_lock`)
-        #: Indices of the workers the last look found finished (`RayWorkerGroup.look`), and
-        #: when that look was (monotonic seconds; never: -inf).
+        #: Indices of the workers the last look found finished (`ask_many`), and when that
+        #: look was (monotonic seconds; never: -inf).
         self._seen: Sequence[int] = ()
         self._looked_at = -math.inf
 
@@ -265,13 +263,45 @@ class RayPendingCall(PendingCall):
     def _finished(self, ask: bool = False) -> Sequence[int]:
         """Indices of the workers known to have finished (successfully or not).
 
-        From the group's last look when it is at most `LOOK_FRESH_S` old, else from a new
+        From the last look at it when that is at most `LOOK_FRESH_S` old, else from a new
         look; `ask` always looks (after a wait timed out, the error must not call a finished
         rank running, nor miss its failure).
         """
         if ask or time.monotonic() - self._looked_at > LOOK_FRESH_S:
-            self.workers.look(self)
+            self.ask_many([self])
         return self._seen
+
+    @classmethod
+    def ask_many(cls, calls: list[PendingCall]) -> None:
+        """Ask Ray which workers of `calls` have finished and note it on each call (`_seen`):
+        one `ray.wait` (timeout 0, nothing fetched) per `LOOK_REFS` results.
+
+        A `ray.wait` costs about 80 us while any of its refs is pending, nearly whatever their
+        number up to a few hundred, so `twinkle_core.wait` or `as_completed` over 1000 calls
+        asks Ray a few times per round, not 1000. Calls found finished join their group's
+        `finished`, to be fetched together by the first of them collected. No completion
+        callbacks: each takes the driver's GIL from Ray's own thread, which cost calls in
+        flight 20-30% (docs/performance.md)."""
+        asked = [c for c in calls if isinstance(c, RayPendingCall) and not _settled(c)]
+        start = 0
+        while start < len(asked):
+            batch, refs = [], []
+            for call in asked[start:]:
+                if refs and len(refs) + len(call.value_refs) > LOOK_REFS:
+                    break
+                batch.append(call)
+                refs.extend(call.value_refs)
+            start += len(batch)
+            refs = list(dict.fromkeys(refs))  # `ray.wait` refuses a ref given twice
+            now = time.monotonic()
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)
+            found = set(ready)
+            for call in batch:
+                seen = tuple([i for i, ref in enumerate(call.value_refs) if ref in found])
+                call._seen, call._looked_at = seen, now
+                if len(seen) == len(call.value_refs) and not call._known_done:
+                    call._known_done = True
+                    call.workers.finished.append(weakref.ref(call))
 
     def done(self) -> bool:
         if self._replies is not None or self._failures or self._known_done:
@@ -552,11 +582,8 @@ class RayWorkerGroup(WorkerGroup):
         self._send_lock = threading.Lock()
         self._methods: dict[tuple[int, str], Any] = {}
         #: Calls of this group whose workers all finished, not yet fetched (weak references,
-        #: appended by `look`): fetched together by `fetch_finished`.
+        #: appended by `RayPendingCall.ask_many`): fetched together by `fetch_finished`.
         self.finished: collections.deque = collections.deque()
-        #: This group's calls not known to have finished, oldest first (weak references):
-        #: what `look` asks Ray about along with the call it was asked about.
-        self._inflight: collections.deque = collections.deque()
         self.handles = handles
         #: This generation's `TWINKLE_WORKER_GROUP` (names its transport groups).
         self.tag = ""
@@ -575,7 +602,6 @@ class RayWorkerGroup(WorkerGroup):
         state.pop("_local", None)
         state.pop("_send_lock", None)
         state.pop("finished", None)
-        state.pop("_inflight", None)
         state["_methods"] = {}
         state["restarter"] = None
         return state
@@ -585,47 +611,6 @@ class RayWorkerGroup(WorkerGroup):
         self._local = _CallArguments()
         self._send_lock = threading.Lock()
         self.finished = collections.deque()
-        self._inflight = collections.deque()
-
-    def look(self, call: RayPendingCall) -> None:
-        """Ask Ray which workers of `call`, and of this group's other calls in flight, have
-        finished, and note it on each call (`RayPendingCall._seen`).
-
-        One `ray.wait` for all of them: it costs about 80 us while any of its refs is
-        pending, nearly whatever their number up to a few hundred, so a loop asking about
-        many calls in a row (`twinkle_core.wait`, the runtime's bookkeeping) asks Ray once
-        per `LOOK_FRESH_S`, not once per call. Calls found finished join `finished`, to be
-        fetched together by the first of them collected. No completion callbacks: each
-        takes the driver's GIL from Ray's own thread, which cost calls in flight 20-30% (the
-        measurements are in docs/performance.md).
-        """
-        calls = [call]
-        refs = list(call.value_refs)
-        inflight = self._inflight
-        try:
-            while inflight and _settled(inflight[0]()):
-                inflight.popleft()
-            others = list(itertools.islice(inflight, LOOK_REFS))
-        except (IndexError, RuntimeError):  # another thread changed the queue meanwhile
-            others = []
-        for ref in others:
-            other = ref()
-            if other is None or other is call or _settled(other):
-                continue
-            if len(refs) + len(other.value_refs) > LOOK_REFS:
-                break
-            calls.append(other)
-            refs.extend(other.value_refs)
-        now = time.monotonic()
-        refs = list(dict.fromkeys(refs))  # `ray.wait` refuses a ref given twice
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)
-        found = set(ready)
-        for one in calls:
-            seen = tuple([i for i, ref in enumerate(one.value_refs) if ref in found])
-            one._seen, one._looked_at = seen, now
-            if len(seen) == len(one.value_refs) and not one._known_done:
-                one._known_done = True
-                self.finished.append(weakref.ref(one))
 
     #: At most this many finished calls are fetched by one `ray.get`.
     FETCH_BATCH = 1024
@@ -784,12 +769,7 @@ class RayWorkerGroup(WorkerGroup):
         if producers:
             keep_until_done(refs, producers)
         # The ranks as a tuple of ints, which the garbage collector stops tracking.
-        pending = RayPendingCall(self, method, tuple([c.rank for c in calls]), refs, self.restarts)
-        inflight = self._inflight
-        while inflight and _settled(inflight[0]()):
-            inflight.popleft()  # collected, dropped or known finished: nothing to ask about
-        inflight.append(weakref.ref(pending))
-        return pending
+        return RayPendingCall(self, method, tuple([c.rank for c in calls]), refs, self.restarts)
 
     def _send(
         self,
