@@ -11,7 +11,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 from .device_group import DeviceGroup
 from .device_mesh import DeviceMesh
@@ -23,9 +23,12 @@ if TYPE_CHECKING:
     from .runtime import RuntimeConfig
 
 
-@dataclass(frozen=True)
-class WorkerCall:
-    """Run a method on worker `rank` (index within its group) with these arguments."""
+class WorkerCall(NamedTuple):
+    """Run a method on worker `rank` (index within its group) with these arguments.
+
+    Immutable, and a named tuple rather than a frozen dataclass: core makes one per worker on
+    every call, and a tuple is made in half the time.
+    """
 
     rank: int
     args: tuple

@@ -185,7 +185,6 @@ class CallSource:
         "call_site",
         "collector",
         "device_mesh",
-        "method",
         "pending",
         "spec",
         "took",
@@ -198,15 +197,19 @@ class CallSource:
         pending: Any,
         collector: Collector,
         device_mesh: DeviceMesh,
-        method: str,
         binding: RemoteBinding,
         spec: MethodSpec,
         call_site: CallSite,
         took: float,
     ) -> None:
         self.workers, self.pending, self.collector = workers, pending, collector
-        self.device_mesh, self.method = device_mesh, method
-        self.binding, self.spec, self.call_site, self.took = binding, spec, call_site, took
+        self.device_mesh, self.binding, self.spec = device_mesh, binding, spec
+        self.call_site, self.took = call_site, took
+
+    @property
+    def method(self) -> str:
+        """`Class.method`: made when read (errors, hand-offs), not on every call."""
+        return f"{self.workers.class_name}.{self.spec.name}"
 
     def __str__(self) -> str:
         """What the call is, for the LazyCollect's repr: formatted only when shown."""
@@ -265,9 +268,8 @@ def invoke(
 ) -> Any:
     """Run `spec` on the bound workers; a LazyCollect, or the value when lazy collection is off."""
     runtime = _runtime.current_runtime_or_none()
-    if get_worker_context() is None and (
-        runtime is None or runtime.config.name != binding.run_name
-    ):
+    this_run = runtime is not None and runtime.config.name == binding.run_name
+    if not this_run and get_worker_context() is None:
         # On a driver, an object outlives its run only by mistake; inside a worker the run
         # lives in the driver and this process has no runtime of its own.
         raise NotInitializedError(
@@ -294,7 +296,9 @@ def invoke(
             f"{len(targets)} workers; it must return a list of one (args, kwargs) per worker"
         )
     calls = [
-        WorkerCall(rank, tuple(a), dict(k))
+        WorkerCall(
+            rank, a if type(a) is tuple else tuple(a), dict(k) if k else {}
+        )  # each call its own kwargs dict: a backend may fill it
         for rank, (a, k) in zip(targets, per_worker, strict=True)
     ]
     started = time.monotonic()
@@ -314,18 +318,17 @@ def invoke(
         )
     # Backends that run a call while submitting it (in-process, torchrun) cannot interrupt it;
     # a call that outlived its method's timeout there fails as it would where it could be.
-    took = time.monotonic() - started
-    method = f"{workers.class_name}.{spec.name}"
-    source = CallSource(workers, pending, collector, mesh, method, binding, spec, call_site, took)
+    now = time.monotonic()
+    source = CallSource(workers, pending, collector, mesh, binding, spec, call_site, now - started)
     if rec is not None and on_driver:
-        resolver = _trace.timed_resolve(source, rec, call_id, method, workers.group.name)
+        resolver = _trace.timed_resolve(source, rec, call_id, source.method, workers.group.name)
     lazy = LazyCollect(
         resolver if rec is not None and on_driver else source,
         describe=source,  # formatted only when shown (`CallSource.__str__`)
         source=source,
     )
-    if runtime is not None and runtime.config.name == binding.run_name:
-        runtime.track(lazy)
+    if this_run:
+        runtime.track(lazy, now)
     lazy_on = spec.lazy_collect if spec.lazy_collect is not None else binding.lazy_collect
     if spec.sync or not lazy_on:
         value = lazy()

@@ -28,10 +28,17 @@ class CallSite:
 
 
 def _is_internal(frame) -> bool:
-    module = frame.f_globals.get("__name__", "")
-    if module.split(".", 1)[0] in _INTERNAL_PREFIXES:
-        return True
-    return frame.f_code.co_filename.startswith(_INTERNAL_DIRS)
+    code = frame.f_code
+    internal = _INTERNAL_CODE.get(code)
+    if internal is None:
+        module = frame.f_globals.get("__name__", "")
+        internal = module.split(".", 1)[0] in _INTERNAL_PREFIXES or code.co_filename.startswith(
+            _INTERNAL_DIRS
+        )
+        if len(_INTERNAL_CODE) >= _SITES_MAX:
+            _INTERNAL_CODE.clear()
+        _INTERNAL_CODE[code] = internal
+    return internal
 
 
 #: Call sites already made, by (code object, line): a loop making thousands of calls from one
@@ -39,6 +46,9 @@ def _is_internal(frame) -> bool:
 #: when full (a driver has far fewer call sites than this).
 _SITES: dict[tuple[object, int], CallSite] = {}
 _SITES_MAX = 4096
+#: Whether a code object is twinkle's own (skipped when looking for the user's frame), by code
+#: object: a function's module and file never change. Bounded like `_SITES`.
+_INTERNAL_CODE: dict[object, bool] = {}
 _UNKNOWN = CallSite("<unknown>", 0, "<unknown>")
 
 

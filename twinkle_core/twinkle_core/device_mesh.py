@@ -116,7 +116,7 @@ class DeviceMesh:
 
     @property
     def world_size(self) -> int:
-        return int(self.mesh.size)
+        return len(self._coords)  # one entry per rank; read on every call, so no numpy here
 
     @property
     def ranks(self) -> list[int]:

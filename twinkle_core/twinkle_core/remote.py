@@ -106,7 +106,10 @@ def remote_function(
 
         @functools.wraps(fn)
         def wrapper(self, *args, **kwargs):
-            binding = self.__dict__.get(BINDING_ATTR) if hasattr(self, "__dict__") else None
+            try:
+                binding = self.__dict__[BINDING_ATTR]
+            except (AttributeError, KeyError):  # a plain local object, or one on a worker
+                return fn(self, *args, **kwargs)
             if binding is None:
                 return fn(self, *args, **kwargs)
             return invoke(binding, spec, args, kwargs, user_call_site(2))

@@ -181,15 +181,17 @@ class Runtime:
             )
         self._watcher.start()
 
-    def track(self, lazy: LazyCollect) -> None:
+    def track(self, lazy: LazyCollect, now: float | None = None) -> None:
         """Remember a call so its failure is reported even if nobody collects it.
 
         The list holds each call's `TrackedCall`, which resolving the call releases: a
         collected call is not kept. Each new call drops the released holders at the front of
         the list; at most every `LOOK_EVERY_S` one also looks at the oldest calls still held,
-        if they were made at least `LOOK_AFTER_S` ago (`_look`).
+        if they were made at least `LOOK_AFTER_S` ago (`_look`). `now` is when the call was
+        made (`time.monotonic()`), given by callers that already read the clock.
         """
-        now = time.monotonic()
+        if now is None:
+            now = time.monotonic()
         holder = lazy.tracked(now)
         if self._watcher is None:
             self._start_watching()
