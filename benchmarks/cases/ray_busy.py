@@ -38,7 +38,7 @@ def _spin(seconds: float) -> None:
 
 def run(ctx: Context) -> list[Row]:
     one, (actor,) = ctx.ray.twinkle("one"), ctx.ray.raw("one")
-    rounds = 2 if ctx.quick else 5
+    rounds = 2 if ctx.quick else 11  # rounds vary widely on a shared machine (see case 2)
     folder = tempfile.mkdtemp(prefix="twb-busy-", dir="/tmp")
     counter = iter(range(10**9))
     resolve: dict[str, list[float]] = {}
