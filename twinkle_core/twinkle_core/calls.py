@@ -327,7 +327,7 @@ def invoke(
         describe=source,  # formatted only when shown (`CallSource.__str__`)
         source=source,
     )
-    if this_run:
+    if this_run and runtime is not None:
         runtime.track(lazy, now)
     lazy_on = spec.lazy_collect if spec.lazy_collect is not None else binding.lazy_collect
     if spec.sync or not lazy_on:
