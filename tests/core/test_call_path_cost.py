@@ -1,5 +1,6 @@
 """The call path's shortcuts keep their meaning: cached lookups follow plugin changes, and the
-fast skip over long argument lists never misses a LazyCollect."""
+fast skip over long argument lists never misses a LazyCollect; the call site, name and
+per-worker calls the issue path makes cheaply still say what they said."""
 
 from __future__ import annotations
 
@@ -126,3 +127,42 @@ def test_calls_with_long_batches_and_lazy_arguments_still_chain():
         assert d.count(list(range(500)), doubled)()[1] == [2 * x for x in range(1000)]
     finally:
         shutdown()
+
+
+def _call_from_a_helper(obj):
+    return obj.hello(), _call_from_a_helper.__code__.co_firstlineno + 1
+
+
+def test_shortcuts_of_the_issue_path_keep_what_users_and_backends_read():
+    """The call site (found through a per-code-object cache), the `Class.method` name (made
+    when read) and the per-worker `WorkerCall` (a named tuple) mean what they meant."""
+    from twinkle_core.plugin import WorkerCall
+
+    initialize(mode="inprocess", groups=[DeviceGroup("g", 2, "cpu")])
+    try:
+
+        @remote_class
+        class Greeter:
+            @remote_function(dispatch="all", collect="first")
+            def hello(self):
+                return "hi"
+
+        g = Greeter(remote_group="g")
+        for _ in range(3):  # the second and third calls go through the caches
+            lazy, line = _call_from_a_helper(g)
+            assert lazy.source.call_site.lineno == line
+            assert lazy.source.call_site.function == "_call_from_a_helper"
+            assert lazy.source.method == "Greeter.hello"
+            assert "Greeter.hello from" in repr(lazy)
+            assert lazy() == "hi"
+        direct = g.hello()
+        assert direct.source.call_site.function == (
+            "test_shortcuts_of_the_issue_path_keep_what_users_and_backends_read"
+        )
+    finally:
+        shutdown()
+    call = WorkerCall(1, (2,), {"k": 3})
+    assert (call.rank, call.args, call.kwargs) == (1, (2,), {"k": 3})
+    assert call == WorkerCall(rank=1, args=(2,), kwargs={"k": 3})
+    with pytest.raises(AttributeError):
+        call.rank = 0  # type: ignore[misc]
