@@ -778,11 +778,8 @@ class RayWorkerGroup(WorkerGroup):
             # anything is sent, and one that does not pickle is named without its value.
             with checked_arguments(self.class_name, method, calls):
                 refs = self._send(method, calls, has_remote, rdt)
-        elif not has_remote and not rdt and method in self.direct:
-            with self._send_lock:  # the common no-argument call: nothing to ship or check
-                refs = [self.actor_method(c.rank, method).remote() for c in calls]
-        else:
-            refs = self._send(method, calls, has_remote, rdt)
+        else:  # the common no-argument call: nothing to ship or check
+            refs = self._send(method, calls, has_remote, rdt, has_arguments=False)
         if producers:
             keep_until_done(refs, producers)
         # The ranks as a tuple of ints, which the garbage collector stops tracking.
@@ -794,11 +791,12 @@ class RayWorkerGroup(WorkerGroup):
         calls: list[WorkerCall],
         has_remote: bool,
         rdt: dict[int, list[tuple[str, Any]]] | None = None,
+        has_arguments: bool = True,
     ) -> list[Any]:
         """One actor task per call: the method under its own name with exactly the user's
         arguments, or (arguments holding remote placeholders, reserved names) by name; a
         call taking results Ray Direct Transport carries also takes their refs (`rdt`)."""
-        shipped = ship_all(calls)
+        shipped = ship_all(calls) if has_arguments else [((), {})] * len(calls)
         if rdt:
             return self._send_rdt(method, calls, shipped, rdt)
         with self._send_lock:  # submitting only: never waits on a worker
