@@ -12,9 +12,9 @@ def twinkle(
     *args: str, env: dict[str, str] | None = None, cwd: Path | None = None, timeout: float = 240
 ) -> subprocess.CompletedProcess[str]:
     """Run the `twinkle` console script of the environment running the tests (or
-    `python -m twinkle_core.cli` where it has none); output captured as text, never checked."""
+    `python -m twinkle_core` where it has none); output captured as text, never checked."""
     script = Path(sys.executable).parent / "twinkle"
-    command = [str(script)] if script.exists() else [sys.executable, "-m", "twinkle_core.cli"]
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "twinkle_core"]
     return subprocess.run(
         [*command, *args],
         capture_output=True,

@@ -21,8 +21,10 @@ import pytest
 from _support.cli import pip_install_into
 from _support.cli import twinkle as run_twinkle
 
-from twinkle_core.cli import main as cli_main
-from twinkle_core.doctor import diagnose, environment_report, render_text
+from twinkle_core import hookimpl
+from twinkle_core.plugins import plugin_system
+from twinkle_core.tools.cli import main as cli_main
+from twinkle_core.tools.doctor import diagnose, environment_report, render_text
 
 from .plugin_factory import make_plugin
 
@@ -125,7 +127,7 @@ def test_core_only_json(core_only):
     assert [(p["name"], p["error"]) for p in report["plugins"]] == [("core", None)]
     assert report["platform"]["device_type"] == "cpu"
     assert report["platform"]["device_count"] == os.cpu_count()
-    assert report["torchrun"] == {} and report["ray_cluster"] is None
+    assert report["torchrun"] == {} and "ray_cluster" not in report  # no --ray asked
     assert report["problems"] == [] and report["warnings"] == []
 
 
@@ -193,7 +195,7 @@ def test_doctor_imports_neither_ray_nor_more_than_it_needs():
     code = textwrap.dedent(
         """
         import json, sys
-        from twinkle_core.doctor import diagnose
+        from twinkle_core.tools.doctor import diagnose
         report = diagnose()
         print(json.dumps({"ray": "ray" in sys.modules, "torch_listed": report["torch"]}))
         """
@@ -349,3 +351,48 @@ def test_plugin_with_a_misspelt_hook(site, capsys):
     text = render_text(diagnose())
     assert "twinkle_doctor_typo  [twinkle-doctor-typo 1.0]  FAILED" in text
     assert "    fix: rename the hook(s)" in text
+
+
+# --------------------------------------------------------------------------- cluster probes
+class _SlurmProbe:
+    """A backend plugin's cluster probe, as docs/plugins.md shows one."""
+
+    calls: list[tuple[str, str, float]] = []
+
+    @hookimpl
+    def register_backends(self, register):
+        register("slurm", "twinkle_core.inprocess:InProcessBackend")
+
+    @hookimpl
+    def twinkle_doctor_probe(self, backend, address, timeout):
+        self.calls.append((backend, address, timeout))
+        if backend != "slurm":
+            return None
+        return {
+            "data": {"address": address, "nodes": ["a", "b"]},
+            "problems": [{"problem": "node b is draining", "fix": "undrain it"}],
+            "warnings": [],
+            "text": [f"slurm cluster  {address}", "  2 node(s)"],
+        }
+
+
+def test_a_backend_plugin_answers_doctor_for_its_cluster(fresh_plugins, capsys):
+    """`--slurm ADDRESS` reaches the plugin through the hook; core's tools know no backend."""
+    plugin_system().add(_SlurmProbe(), name="slurm-probe")
+    assert cli_main(["doctor", "--slurm", "head:1234", "--json", "--timeout", "7"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["slurm_cluster"] == {"address": "head:1234", "nodes": ["a", "b"]}
+    assert {"problem": "node b is draining", "fix": "undrain it"} in report["problems"]
+    assert ("slurm", "head:1234", 7.0) in _SlurmProbe.calls
+    assert cli_main(["doctor", "--slurm"]) == 1  # address defaults to auto
+    text = capsys.readouterr().out
+    assert "slurm cluster  auto\n  2 node(s)" in text
+    assert "  - node b is draining\n    fix: undrain it" in text
+
+
+def test_an_unknown_doctor_option_is_an_error_naming_the_backends(fresh_plugins, capsys):
+    with pytest.raises(SystemExit) as info:
+        cli_main(["doctor", "--rya"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "'--rya'" in err and "--BACKEND [ADDRESS]" in err and "ray" in err

@@ -24,8 +24,8 @@ from twinkle_core import (
     remote_class,
     remote_function,
 )
-from twinkle_core.cli import main as cli_main
-from twinkle_core.placement_plan import PlacementFileError, load_plan, render_plan
+from twinkle_core.tools.cli import main as cli_main
+from twinkle_core.tools.placement_plan import PlacementFileError, load_plan, render_plan
 
 EXAMPLE = """\
 nproc_per_node = 8
@@ -95,7 +95,7 @@ def test_console_script_draws_the_example(tmp_path):
 def test_python_dash_m_with_nproc_per_node_from_the_command_line(tmp_path):
     write(tmp_path, "g.toml", EXAMPLE.replace("nproc_per_node = 8\n", ""))
     result = subprocess.run(
-        [sys.executable, "-m", "twinkle_core.cli", "placement", "g.toml", "--nproc-per-node", "2"],
+        [sys.executable, "-m", "twinkle_core", "placement", "g.toml", "--nproc-per-node", "2"],
         capture_output=True,
         text=True,
         timeout=120,

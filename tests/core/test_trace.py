@@ -15,7 +15,7 @@ import pytest
 import twinkle_core
 from twinkle_core import ConfigurationError, DeviceGroup, remote_class, remote_function
 from twinkle_core import trace as trace_mod
-from twinkle_core.cli import main as cli_main
+from twinkle_core.tools.cli import main as cli_main
 from twinkle_core.trace import Recorder
 
 SLEEP = 0.02
@@ -227,7 +227,7 @@ def test_summary_command_of_a_real_run_and_a_bad_file(tmp_path):
     path = tmp_path / "run.json"
     _two_group_run(path, trace=str(path))
     done = subprocess.run(
-        [sys.executable, "-m", "twinkle_core.cli", "trace", "summary", str(path)],
+        [sys.executable, "-m", "twinkle_core", "trace", "summary", str(path)],
         capture_output=True,
         text=True,
         timeout=120,
@@ -239,7 +239,7 @@ def test_summary_command_of_a_real_run_and_a_bad_file(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text('{"events": []}')
     done = subprocess.run(
-        [sys.executable, "-m", "twinkle_core.cli", "trace", "summary", str(bad)],
+        [sys.executable, "-m", "twinkle_core", "trace", "summary", str(bad)],
         capture_output=True,
         text=True,
         timeout=120,

@@ -101,7 +101,7 @@ def test_clocks_are_aligned_across_ranks(traced_job):
 
 
 def test_summary_of_the_merged_trace(traced_job, tmp_path):
-    from twinkle_core.trace_summary import summarize
+    from twinkle_core.tools.trace_summary import summarize
 
     data, _ = traced_job
     summary = summarize(data["traceEvents"])

@@ -1,4 +1,4 @@
-"""Type test for the mypy plugin `twinkle_core.mypy_plugin` (run by the lint session:
+"""Type test for the mypy plugin `twinkle_core.tools.mypy_plugin` (run by the lint session:
 `mypy --config-file tests/typing/mypy.ini tests/typing`).
 
 Lines that must type-check have no comment; lines that must be rejected carry

@@ -2,17 +2,38 @@
 
 from __future__ import annotations
 
+import importlib.metadata as metadata
+import importlib.util
 import os
 import sys
+import traceback
 from dataclasses import dataclass
 from types import FrameType
 
-# Frames from these packages are twinkle's plumbing, never the user's call site.
-_INTERNAL_PREFIXES = ("twinkle_core", "twinkle_local", "twinkle_ray", "twinkle_notify_dingtalk")
-_INTERNAL_DIRS = tuple(
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep + p + os.sep
-    for p in _INTERNAL_PREFIXES
-)
+from .plugins import ENTRY_POINT_GROUP
+
+_internal: tuple[frozenset[str], tuple[str, ...]] | None = None
+
+
+def internal_packages() -> tuple[frozenset[str], tuple[str, ...]]:
+    """(top-level package names, their folders) whose frames are twinkle's plumbing, never the
+    user's call site: twinkle_core and every package a `twinkle` entry point loads from. Read
+    once per process from the installed metadata (no plugin is imported for it)."""
+    global _internal
+    if _internal is None:
+        names = {__name__.split(".", 1)[0]}
+        for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+            names.add(ep.value.split(":", 1)[0].split(".", 1)[0].strip())
+        dirs = []
+        for name in sorted(names):
+            try:
+                spec = importlib.util.find_spec(name)
+            except (ImportError, ValueError):
+                spec = None
+            for folder in (spec.submodule_search_locations or []) if spec else []:
+                dirs.append(os.path.abspath(folder) + os.sep)
+        _internal = (frozenset(names), tuple(dirs))
+    return _internal
 
 
 @dataclass(frozen=True)
@@ -27,14 +48,14 @@ class CallSite:
         return f"{self.filename}:{self.lineno}"
 
 
-def _is_internal(frame) -> bool:
+def is_internal_frame(frame: FrameType) -> bool:
+    """Whether `frame` runs twinkle's code (core's or a plugin's), not the user's."""
     code = frame.f_code
     internal = _INTERNAL_CODE.get(code)
     if internal is None:
+        names, dirs = internal_packages()
         module = frame.f_globals.get("__name__", "")
-        internal = module.split(".", 1)[0] in _INTERNAL_PREFIXES or code.co_filename.startswith(
-            _INTERNAL_DIRS
-        )
+        internal = module.split(".", 1)[0] in names or code.co_filename.startswith(dirs)
         if len(_INTERNAL_CODE) >= _SITES_MAX:
             _INTERNAL_CODE.clear()
         _INTERNAL_CODE[code] = internal
@@ -55,7 +76,7 @@ _UNKNOWN = CallSite("<unknown>", 0, "<unknown>")
 def user_call_site(skip: int = 1) -> CallSite:
     """The innermost frame outside twinkle's packages, starting `skip` frames above the caller."""
     frame: FrameType | None = sys._getframe(skip)
-    while frame is not None and _is_internal(frame):
+    while frame is not None and is_internal_frame(frame):
         frame = frame.f_back
     if frame is None:
         return _UNKNOWN
@@ -66,3 +87,26 @@ def user_call_site(skip: int = 1) -> CallSite:
             _SITES.clear()
         site = _SITES[(code, lineno)] = CallSite(code.co_filename, lineno, code.co_name)
     return site
+
+
+def user_stack(frame: FrameType | None, limit: int = 16) -> str:
+    """The stack ending at `frame`, without twinkle's own frames (a line says where twinkle
+    was, when the innermost frames are twinkle's): for watchdogs that show where a thread is."""
+    if frame is None:
+        return "    (no stack: the thread is gone)\n"
+    frames: list[FrameType] = []
+    while frame is not None:
+        frames.append(frame)
+        frame = frame.f_back
+    frames.reverse()
+    inside = ""
+    while frames and is_internal_frame(frames[-1]):
+        inside = inside or f"{frames[-1].f_code.co_name}"
+        frames.pop()
+    summary = traceback.StackSummary.extract(
+        ((f, f.f_lineno) for f in frames if not is_internal_frame(f)), limit=None
+    )
+    lines = summary.format()[-limit:]
+    if inside:
+        lines.append(f"    ... inside twinkle ({inside})\n")
+    return "".join(lines)

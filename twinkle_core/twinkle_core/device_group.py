@@ -10,7 +10,7 @@ from .errors import ConfigurationError
 
 def canonical_device_type(device_type: str) -> str:
     """Lower-case `device_type` and map the aliases platforms declare (`GPU` -> `cuda` when
-    twinkle-local's cuda platform is installed; a third-party platform adds its own)."""
+    a plugin registering the cuda platform is installed; a third-party platform adds its own)."""
     if not isinstance(device_type, str) or not device_type.strip():
         raise ConfigurationError(
             f"device_type must be a non-empty string such as 'cuda', 'npu' or 'cpu', "

@@ -58,6 +58,18 @@ def twinkle_secret_env_vars() -> list[str] | None:
     """
 
 
+@hookspec(firstresult=True)
+def twinkle_doctor_probe(backend: str, address: str, timeout: float) -> dict[str, Any] | None:
+    """Look at `backend`'s cluster at `address` for `twinkle doctor --<backend> [ADDRESS]`.
+
+    Return None unless `backend` is yours. Otherwise a dict: `data` (JSON-able, shown as the
+    report's `<backend>_cluster`), `problems` and `warnings` (lists of `{"problem", "fix"}`),
+    `text` (the lines the text report shows). Must return within `timeout` seconds and must
+    not import heavy libraries into the doctor's process (use a child process, as the Ray backend
+    does). `address` is "auto" when none was given.
+    """
+
+
 @hookspec
 def twinkle_seed(seed: int, full_determinism: bool) -> None:
     """Seed the random generators of a library twinkle does not import itself (e.g. torch)."""

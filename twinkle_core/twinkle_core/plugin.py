@@ -70,10 +70,11 @@ from .failures import (
 from .hookspecs import hookimpl
 from .notify import Notifier
 from .platform import AcceleratorPlatform, CpuPlatform, detect_platform, get_platform
-from .plugins import get_plugin, registered_names, secret_env_patterns
+from .plugins import get_plugin, registered_names
 from .portable import PortableException, RemoteError, portable_exception, rebuilt
 from .runtime import RuntimeConfig
 from .seeding import get_rng_state, seed_everything, set_rng_state
+from .sensitive import secret_env_patterns
 from .slow_calls import waiting_for
 from .structure import combine, is_array_like, torch_module
 from .transport import (

@@ -15,7 +15,6 @@ import threading
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pluggy
@@ -25,24 +24,13 @@ from packaging.version import InvalidVersion, Version
 
 from . import hookspecs
 from .errors import DuplicatePluginError, PluginLoadError, PluginNotFoundError
+from .install_hints import install_hint, providing_sentence
 
 ENTRY_POINT_GROUP = "twinkle"
 CORE_DISTRIBUTION = "twinkle-core"
 CORE_PLUGIN_NAME = "core"
 CORE_PLUGIN_MODULE = "twinkle_core.builtins"
 KINDS = ("backends", "dispatchers", "collectors", "platforms", "notifiers", "transports")
-
-#: Which distribution (and core extra) provides the names twinkle's own packages register,
-#: so a missing one can be named with the pip command that installs it.
-KNOWN_PROVIDERS: dict[tuple[str, str], tuple[str, str]] = {
-    ("backends", "local"): ("twinkle-local", "local"),
-    ("backends", "torchrun"): ("twinkle-local", "local"),
-    ("backends", "ray"): ("twinkle-ray", "ray"),
-    ("platforms", "cuda"): ("twinkle-local", "local"),
-    ("platforms", "npu"): ("twinkle-local", "local"),
-    ("platforms", "mps"): ("twinkle-local", "local"),
-    ("notifiers", "dingtalk"): ("twinkle-notify-dingtalk", "dingtalk"),
-}
 
 _SINGULAR = {
     "backends": "backend",
@@ -340,10 +328,9 @@ class PluginSystem:
     def _not_found(self, kind: str, name: str) -> PluginNotFoundError:
         installed = ", ".join(self.names(kind)) or "none"
         msg = f"no twinkle {_SINGULAR[kind]} named {name!r} is installed (installed: {installed})."
-        provider = KNOWN_PROVIDERS.get((kind, name))
-        if provider:
-            dist, extra = provider
-            msg += f" Install it with: {install_command(extra)}  (provides {dist})"
+        hint = providing_sentence(kind, name)
+        if hint:
+            msg += f" {hint}"
         else:
             msg += (
                 f" Install the plugin distribution that provides it, or register it with a "
@@ -358,12 +345,13 @@ class PluginSystem:
         return error
 
     def _failed_plugin_for(self, kind: str, name: str) -> PluginInfo | None:
-        provider = KNOWN_PROVIDERS.get((kind, name), (None, None))[0]
+        hint = install_hint(kind, name)
+        providers = {canonicalize_name(p) for p in hint[1]} if hint else set()
         for info in self.infos.values():
             if info.error is None:
                 continue
             dist = canonicalize_name(info.distribution) if info.distribution else None
-            if info.name == name or (provider and dist == provider) or name in info.name:
+            if info.name == name or dist in providers or name in info.name:
                 return info
         return None
 
@@ -402,33 +390,6 @@ _system: PluginSystem | None = None
 _system_lock = threading.Lock()
 
 
-def _source_checkout() -> Path | None:
-    """The twinkle repository this process runs from, if any (where `pip install
-    "twinkle-core[...]"` cannot find the unpublished plugin packages)."""
-    starts = [Path.cwd(), Path(__file__).resolve().parent]
-    for start in starts:
-        for folder in (start, *start.parents):
-            if (folder / "scripts" / "install.py").is_file() and (
-                folder / "twinkle_ray" / "pyproject.toml"
-            ).is_file():
-                return folder
-    return None
-
-
-def install_command(extra: str) -> str:
-    """A command that installs twinkle-core with `extra` where this process runs: the
-    checkout's installer from a clone of the repository, else pip."""
-    root = _source_checkout()
-    if root is not None:
-        script = root / "scripts" / "install.py"
-        try:
-            shown = script.relative_to(Path.cwd())
-        except ValueError:
-            shown = script
-        return f'python {shown} "twinkle-core[{extra}]"'
-    return f'pip install "twinkle-core[{extra}]"'
-
-
 def _is_hookspec(name: str) -> bool:
     return hasattr(getattr(hookspecs, name, None), f"{hookspecs.PROJECT_NAME}_spec")
 
@@ -458,14 +419,6 @@ def get_plugin(kind: str, name: str) -> Any:
 def registered_names(kind: str) -> list[str]:
     """The names registered for `kind` (one of `KINDS`) by every loaded plugin, sorted."""
     return plugin_system().names(kind)
-
-
-def secret_env_patterns() -> tuple[str, ...]:
-    """Every pattern plugins declare through `twinkle_secret_env_vars` (see hookspecs)."""
-    out: list[str] = []
-    for part in plugin_system().hook.twinkle_secret_env_vars():
-        out.extend(p for p in part or () if isinstance(p, str) and p)
-    return tuple(out)
 
 
 def format_exception_short(exc: BaseException) -> str:

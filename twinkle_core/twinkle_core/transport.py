@@ -51,7 +51,7 @@ class Transport:
     auto_device_types: ClassVar[tuple[str, ...] | None] = None
     #: The torch.distributed backend that carries it point to point ("gloo", "nccl", "hccl"),
     #: or "" when it is carried some other way (e.g. Ray Direct Transport). A backend that
-    #: builds its own process groups between groups (twinkle-ray) carries every transport that
+    #: builds its own process groups between groups (the Ray backend) carries every transport that
     #: names one, so a platform plugin registers e.g. `hccl` without knowing that backend.
     torch_backend: ClassVar[str] = ""
 
@@ -100,8 +100,8 @@ def check_registered(value: str, argument: str) -> str:
 def transports_for(mode: str) -> dict[str, type[Transport]]:
     """Every registered transport by name, as backend `mode` sees it (sorted by name).
 
-    Several plugins may register one name, each for the modes it carries (twinkle-ray's `gloo`
-    for mode 'ray', twinkle-local's for 'local'): for each name, the first registration whose
+    Several plugins may register one name, each for the modes it carries (the Ray backend's `gloo`
+    for mode 'ray', the torchrun backend's for 'local'): for each name, the first registration whose
     class lists `mode` in its `modes`, else the first that loads (whose `serves` then says no,
     and the `auto` rule falls back). A registration that fails to import is skipped.
     """

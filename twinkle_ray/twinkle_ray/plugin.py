@@ -22,3 +22,13 @@ def register_transports(register) -> None:
     register("hccl", "twinkle_ray.transports:HcclTransport")
     register("cuda_ipc", "twinkle_ray.transports:CudaIpcTransport")
     register("nixl", "twinkle_ray.transports:NixlTransport")
+
+
+@hookimpl
+def twinkle_doctor_probe(backend: str, address: str, timeout: float) -> dict | None:
+    """`twinkle doctor --ray [ADDRESS]`: the cluster's nodes (`twinkle_ray.doctor_probe`)."""
+    if backend != "ray":
+        return None
+    from .doctor_probe import probe
+
+    return probe(address, timeout)

@@ -33,7 +33,7 @@ class Check:
 
     `groups` are the device groups the check's run declares, as `(name, workers)` pairs (all
     CPU). `world_size` is the number of workers of its largest group: on a backend that runs
-    every group on the same processes (twinkle-local puts a group of k workers on ranks
+    every group on the same processes (the torchrun backend puts a group of k workers on ranks
     0..k-1), the number of processes the check needs; in a smaller world it is reported as not
     applicable. `total_workers` is what a backend giving every group processes of its own
     needs. `body(session)` runs the driver code in a started `Session` and raises `CheckFailed`

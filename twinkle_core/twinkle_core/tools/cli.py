@@ -2,10 +2,12 @@
 
 - `twinkle plugins [--json]`: installed plugins and what they register.
 - `twinkle version`: the twinkle-core version.
-- `twinkle doctor [--json] [--ray [ADDRESS]]`: what this machine (and a Ray cluster) offers a
-  run, and what stands in its way, each problem with its fix (see `twinkle_core.doctor`).
+- `twinkle doctor [--json] [--BACKEND [ADDRESS]]`: what this machine (and a cluster, e.g.
+  `--ray 10.0.0.1:6379`) offers a run, and what stands in its way, each problem with its fix
+  (see `twinkle_core.tools.doctor`). The cluster is looked at by the backend's plugin
+  (hook `twinkle_doctor_probe`): any installed backend may offer it.
 - `twinkle placement FILE [--nproc-per-node N] [--nodes N]`: draw the placement of the groups a
-  TOML or JSON file describes, without a cluster (see `twinkle_core.placement_plan`).
+  TOML or JSON file describes, without a cluster (see `twinkle_core.tools.placement_plan`).
 - `twinkle trace summary FILE [--json]`: per-method counts and times, idle time per group and
   the driver's waiting in a trace written by `initialize(trace=...)` (see docs/tracing.md).
 """
@@ -17,7 +19,7 @@ import json
 import sys
 from collections.abc import Sequence
 
-from .plugins import KINDS, core_version, plugin_system
+from ..plugins import KINDS, core_version, plugin_system
 
 
 def _plugins_text() -> str:
@@ -44,10 +46,40 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _probes(parser: argparse.ArgumentParser, rest: list[str]) -> dict[str, str]:
+    """`--BACKEND [ADDRESS]` options of `twinkle doctor`: {backend: address ("auto")}.
+
+    A backend is a name a plugin registers, or one an extra of twinkle-core would install
+    (then the report says how to install it); anything else is an unknown option.
+    """
+    from ..install_hints import known_names
+    from ..plugins import registered_names
+
+    known = set(registered_names("backends")) | set(known_names("backends"))
+    probes: dict[str, str] = {}
+    i = 0
+    while i < len(rest):
+        token = rest[i]
+        name, eq, value = token[2:].partition("=") if token.startswith("--") else ("", "", "")
+        if name not in known:
+            parser.error(
+                f"doctor: unrecognized argument {token!r} (cluster options are --BACKEND "
+                f"[ADDRESS] for a backend: {', '.join(sorted(known)) or 'none installed'})"
+            )
+        if not eq:
+            nxt = rest[i + 1] if i + 1 < len(rest) else None
+            value = "auto"
+            if nxt is not None and not nxt.startswith("-"):
+                value, i = nxt, i + 1
+        probes[name] = value
+        i += 1
+    return probes
+
+
 def _doctor(args: argparse.Namespace) -> int:
     from .doctor import diagnose, render_text
 
-    report = diagnose(ray_address=args.ray, ray_timeout=args.timeout)
+    report = diagnose(probes=args.probes, timeout=args.timeout)
     if args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -101,26 +133,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub.add_parser("version", help="print the twinkle-core version")
     doctor = sub.add_parser(
         "doctor",
-        help="check this installation (and a Ray cluster) and name the fix for each problem",
+        help="check this installation (and a cluster) and name the fix for each problem",
         description="Installed twinkle distributions and plugins, python/torch/ray versions, "
-        "the detected accelerator and torchrun variables; with --ray, the cluster's nodes. "
-        "Exits 1 when something asked for cannot work; each problem is printed with its fix.",
+        "the detected accelerator and torchrun variables; with --BACKEND [ADDRESS] (e.g. "
+        "--ray, or --ray 10.0.0.1:6379), that backend's cluster as its plugin sees it "
+        "(default address: auto). Exits 1 when something asked for cannot work; each problem "
+        "is printed with its fix.",
     )
     doctor.add_argument("--json", action="store_true", help="print one JSON object")
-    doctor.add_argument(
-        "--ray",
-        nargs="?",
-        const="auto",
-        default=None,
-        metavar="ADDRESS",
-        help="also connect to a running Ray cluster (default address: auto) and list its nodes",
-    )
     doctor.add_argument(
         "--timeout",
         type=float,
         default=60.0,
         metavar="SECONDS",
-        help="give up connecting to the Ray cluster after this long (default 60)",
+        help="give up connecting to a cluster after this long (default 60)",
     )
     placement = sub.add_parser(
         "placement",
@@ -155,7 +181,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     summary.add_argument("file", help="the trace file (JSON)")
     summary.add_argument("--json", action="store_true", help="print one JSON object")
-    args = parser.parse_args(argv)
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "doctor":
+        args.probes = _probes(parser, rest)
+    elif rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.command == "trace":
         return _trace(args)
     if args.command == "doctor":

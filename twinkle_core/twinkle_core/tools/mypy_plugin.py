@@ -8,7 +8,7 @@ same constructor plus two keywords" (PEP 612 adds positional parameters only), s
 pydantic and SQLAlchemy, twinkle ships a mypy plugin. Enable it in the project's mypy config:
 
     [tool.mypy]
-    plugins = ["twinkle_core.mypy_plugin"]
+    plugins = ["twinkle_core.tools.mypy_plugin"]
 
 Then, for a decorated class (and its subclasses), the constructor also takes
 `remote_group: str | None` and `device_mesh: DeviceMesh | None` as keywords, and a

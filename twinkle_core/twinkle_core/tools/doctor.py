@@ -1,4 +1,4 @@
-"""`twinkle doctor`: what this machine (and a Ray cluster) offers a run, and what is in the way.
+"""`twinkle doctor`: what this machine (and a cluster) offers a run, and what is in the way.
 
 `diagnose()` gathers a report, a plain dict that `--json` prints as is:
 
@@ -9,38 +9,32 @@
 - `platform`: the detected accelerator platform, its device count, and each registered one;
 - `torchrun`: torchrun's variables when set; `environment`: twinkle's own variables, never a
   value whose name looks like a secret (`hidden_environment` lists such names only);
-- `ray_cluster` (with `--ray [ADDRESS]`): the cluster's nodes with CPUs, accelerators and memory;
+- `<backend>_cluster` (with `--<backend> [ADDRESS]`, e.g. `ray_cluster` for `--ray`): what the
+  backend's plugin reports of its cluster (hook `twinkle_doctor_probe`), e.g. Ray's nodes with
+  CPUs, accelerators and memory; `cluster_text`: the lines the text report shows of it;
 - `problems`: what stops something asked for from working, each `{"problem", "fix"}` (the
   command exits 1 when there is one); `warnings`: the same shape, not fatal.
 
-The Ray cluster is read in a child process (`ray.init(address=...)`, `ray.nodes()`,
-`ray.shutdown()`) so that twinkle-core never imports ray, an unreachable address cannot hang
-the command (`--timeout`), and Ray's own log lines stay out of the report.
+A cluster is looked at by the plugin of its backend, never by core: adding a backend changes
+nothing here. The plugin must bound its look by `timeout` (the Ray backend reads the cluster in a
+child process, so that an unreachable address cannot hang the command).
 """
 
 from __future__ import annotations
 
-import fnmatch
 import importlib.metadata as metadata
 import json
 import os
 import platform as _platform_module
 import re
-import socket
-import subprocess
 import sys
-import threading
-import time
 from typing import Any
 
 from packaging.utils import canonicalize_name
 
-from .plugins import (
-    ENTRY_POINT_GROUP,
-    core_version,
-    plugin_system,
-    secret_env_patterns,
-)
+from ..install_hints import install_command, install_hint
+from ..plugins import ENTRY_POINT_GROUP, core_version, plugin_system
+from ..sensitive import looks_secret, matches_any, secret_env_patterns
 
 #: torchrun's (torch.distributed.elastic's) variables, shown with their values when set.
 TORCHRUN_VARS = (
@@ -72,42 +66,6 @@ SHOWN_ENV = (
 
 #: Shown although their names look like secrets: they hold none.
 NOT_SECRET = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH")
-
-#: Names whose values are never printed (case-insensitive), besides plugins' declared secrets.
-SECRET_NAMES = (
-    "*TOKEN*",
-    "*SECRET*",
-    "*PASS*",
-    "*KEY*",
-    "*WEBHOOK*",
-    "*CREDENTIAL*",
-    "*AUTH*",
-    "*PRIVATE*",
-    "*COOKIE*",
-    "*SIGN*",
-)
-
-#: Ray resources shown as accelerators besides the registered platforms' own.
-RAY_ACCELERATORS = ("GPU", "NPU", "TPU", "HPU", "neuron_cores")
-
-#: Printed by the child process before its JSON line.
-_MARK = "TWINKLE-DOCTOR-RAY:"
-
-_RAY_PROBE = f"""
-import json, sys
-out = {{}}
-try:
-    ray = __import__("ray")
-    ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
-    try:
-        out["address"] = ray.get_runtime_context().gcs_address
-        out["nodes"] = ray.nodes()
-    finally:
-        ray.shutdown()
-except BaseException as exc:
-    out = {{"error": type(exc).__name__ + ": " + str(exc)}}
-print({_MARK!r} + json.dumps(out, default=str), flush=True)
-"""
 
 
 def _problem(problem: str, fix: str) -> dict[str, str]:
@@ -210,7 +168,7 @@ def plugins_report(problems: list[dict[str, str]]) -> list[dict[str, Any]]:
 # --------------------------------------------------------------------------- platform
 def platform_report(warnings: list[dict[str, str]]) -> dict[str, Any]:
     """The detected platform and every registered one (availability, device count)."""
-    from .platform import _platform_classes, detect_platform
+    from ..platform import _platform_classes, detect_platform
 
     available: dict[str, dict[str, Any]] = {}
     for name, cls in sorted(_platform_classes().items()):
@@ -247,11 +205,6 @@ def platform_report(warnings: list[dict[str, str]]) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- environment
-def _matches(name: str, patterns: tuple[str, ...]) -> bool:
-    upper = name.upper()
-    return any(fnmatch.fnmatchcase(upper, p.upper()) for p in patterns)
-
-
 def _mask_url(value: str) -> str:
     """`scheme://user:pw@host` -> `scheme://***@host`."""
     return re.sub(r"(?<=://)[^/@\s]+@", "***@", value)
@@ -269,14 +222,14 @@ def environment_report(
     hidden = sorted(
         n
         for n in env
-        if _matches(n, declared)
-        or (_matches(n, SHOWN_ENV) and _matches(n, SECRET_NAMES) and not _matches(n, NOT_SECRET))
+        if matches_any(n, declared)
+        or (matches_any(n, SHOWN_ENV) and looks_secret(n) and not matches_any(n, NOT_SECRET))
     )
     torchrun = {n: env[n] for n in TORCHRUN_VARS if n in env and n not in hidden}
     shown = {
         n: _mask_url(env[n])
         for n in sorted(env)
-        if _matches(n, SHOWN_ENV) and n not in hidden and n not in torchrun
+        if matches_any(n, SHOWN_ENV) and n not in hidden and n not in torchrun
     }
     return torchrun, shown, hidden
 
@@ -296,206 +249,48 @@ def _torchrun_warnings(torchrun: dict[str, str], warnings: list[dict[str, str]])
         )
 
 
-# --------------------------------------------------------------------------- ray
-def _accelerator_resources() -> set[str]:
-    from .platform import _platform_classes
-
-    names = set(RAY_ACCELERATORS)
-    for cls in _platform_classes().values():
-        resource = getattr(cls, "ray_resource", None)
-        if resource:
-            names.add(resource)
-    names.discard("CPU")
-    return names
-
-
-def _node_entry(node: dict[str, Any], accelerators: set[str]) -> dict[str, Any]:
-    resources = {k: float(v) for k, v in (node.get("Resources") or {}).items()}
-    return {
-        "node_id": node.get("NodeID"),
-        "address": node.get("NodeManagerAddress"),
-        "hostname": node.get("NodeManagerHostname"),
-        "alive": bool(node.get("Alive")),
-        "cpus": resources.get("CPU", 0.0),
-        "accelerators": {k: v for k, v in sorted(resources.items()) if k in accelerators},
-        "accelerator_type": next(
-            (k.split(":", 1)[1] for k in resources if k.startswith("accelerator_type:")), None
-        ),
-        "memory_bytes": int(resources.get("memory", 0)),
-        "object_store_memory_bytes": int(resources.get("object_store_memory", 0)),
-        "other_resources": {
-            k: v
-            for k, v in sorted(resources.items())
-            if k not in accelerators
-            and k not in ("CPU", "memory", "object_store_memory")
-            and not k.startswith(("node:", "accelerator_type:"))
-        },
-    }
-
-
-_HOST_PORT = re.compile(r"^(?:ray://)?\[?([^\]/@\s]+?)\]?:(\d+)$")
-
-
-def _unreachable(address: str, timeout: float) -> str | None:
-    """Why `host:port` does not accept a connection (None when it does or is not host:port)."""
-    match = _HOST_PORT.match(address.strip())
-    if not match:
-        return None
-    host, port = match.group(1), int(match.group(2))
+# --------------------------------------------------------------------------- clusters
+def cluster_report(backend: str, address: str, timeout: float, report: dict[str, Any]) -> None:
+    """Ask the plugins to look at `backend`'s cluster at `address` (hook
+    `twinkle_doctor_probe`); the answer goes into `report[f"{backend}_cluster"]`, its problems,
+    warnings and text lines into the report's lists. No answer: the backend is not installed."""
     try:
-        with socket.create_connection((host, port), timeout=max(0.5, min(timeout, 5.0))):
-            return None
-    except OSError as exc:
-        return f"{type(exc).__name__}: {exc}"
-
-
-#: What Ray's C++ client logs while a cluster refuses it for want of the right token.
-_AUTH_FAILURE = ("InvalidAuthToken", "Unauthenticated")
-
-
-def _run_probe(address: str, timeout: float) -> dict[str, Any]:
-    """Run `_RAY_PROBE` in a child; its result, or `{"error": ...}` (with `auth`/`timeout`).
-
-    Ray keeps retrying a cluster that refuses its token; the child is stopped as soon as its
-    log says so, and in any case after `timeout` seconds.
-    """
-    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _RAY_PROBE, address],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    out: list[str] = []
-    err: list[str] = []
-    refused = threading.Event()
-
-    def pump(stream: Any, into: list[str], watch: bool) -> None:
-        for line in stream:
-            into.append(line)
-            if watch and any(marker in line for marker in _AUTH_FAILURE):
-                refused.set()
-
-    pumps = [
-        threading.Thread(target=pump, args=(proc.stdout, out, False), daemon=True),
-        threading.Thread(target=pump, args=(proc.stderr, err, True), daemon=True),
-    ]
-    for t in pumps:
-        t.start()
-    deadline = time.monotonic() + timeout
-    while proc.poll() is None and not refused.is_set() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    stopped = proc.poll() is None
-    if stopped:
-        proc.kill()
-    proc.wait()
-    for t in pumps:
-        t.join(timeout=5)
-    if refused.is_set():
-        return {
-            "error": "the cluster refused the connection: authentication token missing or "
-            "incorrect",
-            "auth": True,
-        }
-    if stopped:
-        return {"error": f"no answer within {timeout:g}s", "timeout": True}
-    for line in out:
-        if line.startswith(_MARK):
-            return dict(json.loads(line[len(_MARK) :]))
-    tail = ("".join(err).strip().splitlines() or ["(no output)"])[-1]
-    return {"error": f"the Ray probe exited with status {proc.returncode}: {tail}"}
-
-
-def ray_cluster_report(address: str, timeout: float, problems: list[dict[str, str]]) -> Any:
-    """Connect to the running cluster at `address`, list its nodes, disconnect."""
-    fix_address = (
-        "start the cluster (`ray start --head`) or pass the head node's address, e.g. "
-        "`twinkle doctor --ray 10.0.0.1:6379`"
-    )
-    if _version("ray") is None:
-        problems.append(
+        answer = plugin_system().hook.twinkle_doctor_probe(
+            backend=backend, address=address, timeout=timeout
+        )
+    except Exception as exc:  # a broken plugin must not stop the report
+        answer = None
+        report["problems"].append(
             _problem(
-                f"--ray was given but ray is not installed in this environment ({sys.executable})",
-                'pip install "twinkle-core[ray]"  (installs twinkle-ray and ray)',
+                f"the {backend!r} cluster probe raised {type(exc).__name__}: {exc}",
+                "report it to the plugin that provides the backend",
             )
         )
-        return None
-    if address.strip().lower() == "local":
-        problems.append(
-            _problem(
-                "--ray local would start a new cluster; doctor only inspects a running one",
-                f"pass the running cluster's address, or omit it for `auto`; {fix_address}",
-            )
-        )
-        return None
-    why = _unreachable(address, timeout)
-    if why is not None:
-        problems.append(_problem(f"cannot reach the Ray cluster at {address}: {why}", fix_address))
-        return {"address": address, "error": why, "nodes": []}
-    result = _run_probe(address, timeout)
-    if "error" in result:
-        if result.get("auth"):
-            fix = (
-                "the cluster uses Ray token authentication: set RAY_AUTH_MODE=token and give "
-                "this machine the cluster's token (RAY_AUTH_TOKEN, or the file "
-                "~/.ray/auth_token; `ray get-auth-token` on the head node prints it)"
-            )
-        elif result.get("timeout"):
-            fix = (
-                f"check the address and that this machine can reach the head node; "
-                f"{fix_address}; or wait longer with --timeout"
-            )
-        else:
-            fix = (
-                f"{fix_address}; the cluster and this machine need the same Ray and Python versions"
-            )
-        problems.append(
-            _problem(f"cannot connect to the Ray cluster at {address}: {result['error']}", fix)
-        )
-        return {"address": address, "error": result["error"], "nodes": []}
-    accelerators = _accelerator_resources()
-    nodes = [_node_entry(n, accelerators) for n in result.get("nodes", [])]
-    nodes.sort(key=lambda n: (not n["alive"], str(n["address"]), str(n["node_id"])))
-    alive = [n for n in nodes if n["alive"]]
-    totals: dict[str, float] = {"CPU": sum(n["cpus"] for n in alive)}
-    for n in alive:
-        for k, v in n["accelerators"].items():
-            totals[k] = totals.get(k, 0.0) + v
-    if not alive:
-        problems.append(
-            _problem(
-                f"the Ray cluster at {result.get('address', address)} has no live node",
-                "restart the cluster's nodes (`ray start`), then run twinkle doctor --ray again",
-            )
-        )
-    return {
-        "address": result.get("address", address),
-        "asked_address": address,
-        "nodes": nodes,
-        "alive_nodes": len(alive),
-        "totals": totals,
-    }
-
-
-def _backend_problem(
-    name: str, extra: str, plugins: list[dict[str, Any]], problems: list[dict[str, str]]
-) -> None:
-    if any(name in (p["registers"].get("backends") or []) for p in plugins if not p["error"]):
         return
-    problems.append(
-        _problem(
-            f"the {name!r} backend is not installed (or its plugin failed to load), so "
-            f"initialize(mode={name!r}) cannot work",
-            f'pip install "twinkle-core[{extra}]"',
+    if answer is None:
+        hint = install_hint("backends", backend)
+        extra, packages = hint if hint else (backend, ())
+        provides = f"  (installs {', '.join(packages)})" if packages else ""
+        report["problems"].append(
+            _problem(
+                f"--{backend} was given but {backend} is not installed in this environment "
+                f"({sys.executable}), or its plugin failed to load (see plugins above)",
+                f"{install_command(extra)}{provides}",
+            )
         )
-    )
+        report[f"{backend}_cluster"] = None
+        return
+    report[f"{backend}_cluster"] = answer.get("data")
+    report["problems"].extend(answer.get("problems") or [])
+    report["warnings"].extend(answer.get("warnings") or [])
+    if answer.get("text"):
+        report["cluster_text"].append(list(answer["text"]))
 
 
 # --------------------------------------------------------------------------- report
-def diagnose(ray_address: str | None = None, ray_timeout: float = 60.0) -> dict[str, Any]:
-    """The doctor's report (see the module docstring); `ray_address` None skips Ray."""
+def diagnose(probes: dict[str, str] | None = None, timeout: float = 60.0) -> dict[str, Any]:
+    """The doctor's report (see the module docstring). `probes` maps backends to the cluster
+    address to look at (`{"ray": "auto"}` for `--ray`), each with at most `timeout` s."""
     problems: list[dict[str, str]] = []
     warnings: list[dict[str, str]] = []
     report: dict[str, Any] = {
@@ -524,24 +319,12 @@ def diagnose(ray_address: str | None = None, ray_timeout: float = 60.0) -> dict[
     report["torchrun"] = torchrun
     report["environment"] = shown
     report["hidden_environment"] = hidden
-    report["ray_cluster"] = None
-    if ray_address is not None:
-        report["ray_cluster"] = ray_cluster_report(ray_address, ray_timeout, problems)
-        if report["ray"] is not None:
-            _backend_problem("ray", "ray", report["plugins"], problems)
     report["problems"] = problems
     report["warnings"] = warnings
+    report["cluster_text"] = []
+    for backend, address in (probes or {}).items():
+        cluster_report(backend, address, timeout, report)
     return report
-
-
-def _gib(n: float) -> str:
-    if n >= 1024**3:
-        return f"{n / 1024**3:.1f} GiB"
-    return f"{n / 1024**2:.0f} MiB"
-
-
-def _num(v: float) -> str:
-    return f"{v:g}"
 
 
 def render_text(report: dict[str, Any]) -> str:
@@ -589,23 +372,8 @@ def render_text(report: dict[str, Any]) -> str:
         out += [f"  {k}={v}" for k, v in report["environment"].items()]
         if report["hidden_environment"]:
             out.append(f"  set, values not shown: {', '.join(report['hidden_environment'])}")
-    cluster = report.get("ray_cluster")
-    if cluster is not None:
-        out += ["", f"ray cluster  {cluster.get('address')}"]
-        if cluster.get("error"):
-            out.append(f"  not reachable: {cluster['error']}")
-        else:
-            totals = ", ".join(f"{k}={_num(v)}" for k, v in cluster["totals"].items())
-            out.append(f"  {cluster['alive_nodes']} live node(s); total {totals}")
-            for n in cluster["nodes"]:
-                acc = "".join(f"  {k} {_num(v)}" for k, v in n["accelerators"].items())
-                kind = f" ({n['accelerator_type']})" if n["accelerator_type"] else ""
-                state = "" if n["alive"] else "  DEAD"
-                out.append(
-                    f"  node {n['address']}/{str(n['node_id'])[:8]}{state}  CPU {_num(n['cpus'])}"
-                    f"{acc}{kind}  memory {_gib(n['memory_bytes'])}  object store "
-                    f"{_gib(n['object_store_memory_bytes'])}"
-                )
+    for lines in report.get("cluster_text") or []:
+        out += ["", *lines]
     for title, items in (("warnings", report["warnings"]), ("problems", report["problems"])):
         if items:
             out += ["", title]

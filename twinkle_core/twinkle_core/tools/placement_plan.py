@@ -35,10 +35,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .device_group import DeviceGroup, canonical_device_type
-from .errors import ConfigurationError
-from .placement import draw_box, format_ranks, group_line, worker_line
-from .plugins import KNOWN_PROVIDERS, registered_names
+from ..device_group import DeviceGroup, canonical_device_type
+from ..errors import ConfigurationError
+from ..install_hints import install_command, install_hint, known_names
+from ..placement import draw_box, format_ranks, group_line, worker_line
+from ..plugins import registered_names
 
 #: Keys a group table may have: `DeviceGroup`'s arguments.
 GROUP_KEYS = ("name", "ranks", "device_type", "gpus_per_worker", "visible_devices")
@@ -313,7 +314,7 @@ def _positive(value: Any) -> bool:
 def _known_device_types() -> tuple[set[str], set[str]]:
     """(names platforms installed here register, names twinkle's own plugins would add)."""
     installed = set(registered_names("platforms")) | {"cpu"}
-    known = {name for kind, name in KNOWN_PROVIDERS if kind == "platforms"}
+    known = set(known_names("platforms"))
     return installed, known
 
 
@@ -465,10 +466,10 @@ def build_plan(
             )
             continue
         if group.device_type not in installed:
-            dist, extra = KNOWN_PROVIDERS[("platforms", group.device_type)]
+            extra, packages = install_hint("platforms", group.device_type) or ("<extra>", ())
             note = (
                 f"{group.device_type}: this machine has no {group.device_type} platform; "
-                f'initialize() needs pip install "twinkle-core[{extra}]" (provides {dist})'
+                f"initialize() needs {install_command(extra)} (provides {', '.join(packages)})"
             )
             if note not in notes:
                 notes.append(note)
