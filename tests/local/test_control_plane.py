@@ -27,8 +27,8 @@ from twinkle_core import (
     shutdown,
 )
 from twinkle_core.plugin import get_rng_state, seed_everything, set_rng_state
-from twinkle_local.backend import LocalBackend
 from twinkle_local.env import TorchrunEnv
+from twinkle_local.planning import check_devices
 from twinkle_local.platforms import TorchCpuPlatform
 from twinkle_local.rng import RngSwitch
 
@@ -222,10 +222,8 @@ def test_more_processes_than_devices_on_a_node_is_a_configuration_error(fake_cud
     env = TorchrunEnv(8, 5, 5, 8, "127.0.0.1", 29500)
     group = DeviceGroup("gpus", 8, "cuda")
     with pytest.raises(ConfigurationError, match=r"local cuda device 5 .* 4 such device"):
-        LocalBackend._check_devices(group, env, TorchCpuPlatform())
-    LocalBackend._check_devices(
-        group, TorchrunEnv(8, 3, 3, 8, "127.0.0.1", 29500), TorchCpuPlatform()
-    )
+        check_devices(group, env, TorchCpuPlatform())
+    check_devices(group, TorchrunEnv(8, 3, 3, 8, "127.0.0.1", 29500), TorchCpuPlatform())
 
 
 # --------------------------------------------------------------------------- lock order

@@ -39,7 +39,7 @@ nothing). A failure or a divergence is seen in the slots first, so then nothing 
 
 The first collective is started when the call is made and runs in gloo's thread; the call
 waits for it when collected (with the LazyCollect's or the method's timeout). Exchanges are
-finished strictly in the order they were started (the backend's lock and queue), so the second
+finished strictly in the order they were started (`exchange_queue.py`), so the second
 steps of all processes line up too.
 """
 
@@ -49,7 +49,7 @@ import hashlib
 import pickle
 import struct
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -63,7 +63,7 @@ from .skeleton import fill
 from .transports import Envelope, Held, broadcast_bytes, broadcast_held
 
 if TYPE_CHECKING:
-    from .backend import LocalBackend
+    from .session import Session
 
 KIND_GATHER, KIND_REDUCE, KIND_CONSTRUCT = 1, 2, 3
 KIND_NAMES = {KIND_GATHER: "gathered", KIND_REDUCE: "all-reduced", KIND_CONSTRUCT: "construct"}
@@ -130,12 +130,36 @@ class CallInfo:
 Mine = tuple[int, bool, Any] | None
 
 
+class ExchangeDriver(Protocol):
+    """What an exchange needs from whoever starts and finishes the exchanges in order (the
+    run's `exchange_queue.ExchangeQueue`)."""
+
+    #: This process in the run: its channel, node names and `isolate`.
+    session: Session
+    #: Structures of sum/mean results every process knows, by `numeric.spec_key`.
+    spec_cache: dict[int, Any]
+
+    def transport_group(self, torch_backend: str) -> Any:
+        """The group a held result of `torch_backend` is broadcast over."""
+
+    def lost_outcome(
+        self, info: CallInfo, ranks: list[int], exc: BaseException
+    ) -> LocalPendingCall:
+        """The outcome of an exchange whose collective broke (the run is broken)."""
+
+    def wait_for(self, exchange: Exchange, timeout: float | None) -> None:
+        """Wait (bounded by `timeout`) until `exchange` is finished, in order."""
+
+    def try_finish(self, exchange: Exchange) -> bool:
+        """Finish `exchange` if that needs no waiting; whether it is finished."""
+
+
 class Exchange:
     """The exchange of one call; `finish()` must be called in the order exchanges started."""
 
     def __init__(
         self,
-        backend: LocalBackend,
+        driver: ExchangeDriver,
         info: CallInfo,
         ranks: list[int],
         mine: Mine,
@@ -147,7 +171,8 @@ class Exchange:
         skip: bool = False,
         partial: bool = False,
     ) -> None:
-        self.backend = backend
+        self.driver = driver
+        self.session = driver.session
         self.info = info
         self.ranks = ranks  # process of each call, in call order
         self.mine = mine
@@ -175,8 +200,8 @@ class Exchange:
     # ----------------------------------------------------------------- start
     def start(self) -> None:
         """Write this process's slot and start the first collective (never blocks on peers)."""
-        backend = self.backend
-        channel = backend.channel
+        session = self.session
+        channel = session.channel
         info = self.info
         flags, spec_key = 0, 0
         mine = self.mine
@@ -185,7 +210,7 @@ class Exchange:
             rank = self.ranks[index]
             if not ok:
                 flags |= F_FAILED
-                self.payload, _ = encode(False, value, rank, backend.node, info.label)
+                self.payload, _ = encode(False, value, rank, session.node, info.label)
             elif self.held is not None:
                 flags |= F_HELD
                 self.payload = self.held.envelope
@@ -195,7 +220,7 @@ class Exchange:
                 if index in self.reps:
                     spec = _FLOAT_SPEC if type(value) is float else numeric.numeric_spec(value)
                     if spec is None:
-                        self.payload, ok = encode(True, value, rank, backend.node, info.label)
+                        self.payload, ok = encode(True, value, rank, session.node, info.label)
                         flags |= F_OBJECT
                         if not ok:
                             payload = self.payload
@@ -209,7 +234,7 @@ class Exchange:
                             ints, floats = numeric.flat_numbers(value, spec)
                             self.payload = ints.tobytes() + floats.tobytes()
             else:
-                self.payload, ok = encode(True, value, rank, backend.node, info.label)
+                self.payload, ok = encode(True, value, rank, session.node, info.label)
                 if not ok:  # the result cannot be sent: this worker's failure, here too
                     flags |= F_FAILED
                     self.mine = (index, False, decode(self.payload, rank, None, info.label)[1])
@@ -247,10 +272,10 @@ class Exchange:
         if self.outcome is not None:
             return False
         heads = self._headers()
-        if not _same_call(heads, heads[self.backend.channel.rank]):
+        if not _same_call(heads, heads[self.session.channel.rank]):
             return True
-        capacity = slot_bytes(self.backend.channel.world_size) - HEADER_BYTES
-        eager = self.backend.channel.eager_bytes
+        capacity = slot_bytes(self.session.channel.world_size) - HEADER_BYTES
+        eager = self.session.channel.eager_bytes
         if any(h[FLAGS] & F_FAILED for h in heads):
             return any(h[FLAGS] & F_FAILED and h[LENGTH] > capacity for h in heads)
         if any(h[FLAGS] & F_HELD for h in heads):
@@ -267,7 +292,7 @@ class Exchange:
     def finish(self) -> LocalPendingCall:
         """Complete the exchange (second step if needed) once the first collective is over.
 
-        Called by the backend in start order, with its lock held.
+        Called by the driver in start order, with its lock held.
         """
         with self._finish_lock:
             if self.outcome is not None:
@@ -287,7 +312,7 @@ class Exchange:
             return self.outcome
 
     def _lost(self, exc: BaseException) -> LocalPendingCall:
-        self.outcome = self.backend.lost_outcome(self.info, self.ranks, exc)
+        self.outcome = self.driver.lost_outcome(self.info, self.ranks, exc)
         self.buffer = self.data = None
         return self.outcome
 
@@ -297,21 +322,21 @@ class Exchange:
         if heads is None:
             if self.data is None:
                 self.data = memoryview(self.buffer)
-            slot = slot_bytes(self.backend.channel.world_size)
+            slot = slot_bytes(self.session.channel.world_size)
             data = self.data
             heads = [
-                HEADER.unpack_from(data, r * slot) for r in range(self.backend.channel.world_size)
+                HEADER.unpack_from(data, r * slot) for r in range(self.session.channel.world_size)
             ]
             self._heads = heads
         return heads
 
     def _inline(self, rank: int, length: int) -> bytes:
-        start = rank * slot_bytes(self.backend.channel.world_size) + HEADER_BYTES
+        start = rank * slot_bytes(self.session.channel.world_size) + HEADER_BYTES
         return self.data[start : start + length].tobytes()
 
     def _decide(self) -> LocalPendingCall:
         heads = self._headers()
-        mine = heads[self.backend.channel.rank]
+        mine = heads[self.session.channel.rank]
         kind, ncalls, seq, key = mine[KIND], mine[NCALLS], mine[SEQ], mine[KEY]
         flags = 0
         for h in heads:  # one pass: the same call everywhere? any flag?
@@ -330,7 +355,7 @@ class Exchange:
     def _payloads(self, heads: list[tuple], ranks: list[int]) -> dict[int, bytes]:
         """The payloads of `ranks`: from the slots, from what followed the slots (within
         `eager_bytes`), and an all-gather for those too big for either."""
-        channel = self.backend.channel
+        channel = self.session.channel
         capacity = slot_bytes(channel.world_size) - HEADER_BYTES
         eager = channel.eager_bytes
         me = channel.rank
@@ -357,19 +382,19 @@ class Exchange:
             return None
 
     def _decode(self, rank: int, blob: bytes) -> tuple[bool, Any]:
-        backend = self.backend
+        session = self.session
         index = self._index_of(rank)
         worker_rank = self.ranks[index] if index is not None else rank
         mine = self.mine
         if (
-            rank == backend.channel.rank
+            rank == session.channel.rank
             and mine is not None
-            and (not mine[1] or not backend.isolate)
+            and (not mine[1] or not session.isolate)
         ):
             # This process's own failure keeps its traceback; its result skips the copy.
             return mine[1], mine[2]
         note = self.info.kind != KIND_CONSTRUCT  # construction failures get their own note
-        return decode(blob, worker_rank, backend.node_of(worker_rank), self.info.label, note)
+        return decode(blob, worker_rank, session.node_of(worker_rank), self.info.label, note)
 
     def _failures(self, heads: list[tuple]) -> LocalPendingCall:
         failed = [r for r, h in enumerate(heads) if h[FLAGS] & F_FAILED]
@@ -405,8 +430,8 @@ class Exchange:
         """Some used results are held for a transport: the others' payloads as usual (for
         `sum`/`mean`, their objects), then each held one broadcast from its holder, in rank
         order. Every process takes these steps alike (they follow from the slots)."""
-        backend = self.backend
-        channel = backend.channel
+        session = self.session
+        channel = session.channel
         me = channel.rank
         label = self.info.label
         results: list[Any] = [None] * len(self.ranks)
@@ -417,7 +442,7 @@ class Exchange:
                 entry = None
                 mine = self.mine
                 if me in plain and mine is not None and mine[1]:
-                    entry, _ = encode(True, mine[2], self.ranks[mine[0]], backend.node, label)
+                    entry, _ = encode(True, mine[2], self.ranks[mine[0]], session.node, label)
                 gathered = channel.all_gather(entry)
                 blobs = {r: gathered[r] for r in plain}
             else:
@@ -443,8 +468,8 @@ class Exchange:
                         channel.group, rank, None if held is None else held.envelope, length
                     )
                 envelope: Envelope = pickle.loads(blob)
-                group = backend.transport_group(envelope.backend)
-                tensors = broadcast_held(group, rank, held, envelope, backend.isolate)
+                group = self.driver.transport_group(envelope.backend)
+                tensors = broadcast_held(group, rank, held, envelope, session.isolate)
             except ChannelError:
                 raise
             except Exception as exc:  # a broken broadcast: a process died or stopped answering
@@ -452,12 +477,12 @@ class Exchange:
             index = self._index_of(rank)
             if index is None:
                 continue
-            if held is not None and not backend.isolate and self.mine is not None:
+            if held is not None and not session.isolate and self.mine is not None:
                 results[index] = self.mine[2]  # the holder's own objects, as the exchange does
             else:
                 results[index] = fill(envelope.skeleton, tensors)
         return LocalPendingCall(
-            results, failures, mesh=self.mesh, label=label, partial=True, private=backend.isolate
+            results, failures, mesh=self.mesh, label=label, partial=True, private=session.isolate
         )
 
     # ----------------------------------------------------------------- sum / mean
@@ -474,7 +499,7 @@ class Exchange:
         first = heads[contributors[0]][SPEC]
         if any(heads[r][SPEC] != first for r in contributors):
             return False, contributors, None
-        spec = self.backend.spec_cache.get(first)
+        spec = self.driver.spec_cache.get(first)
         return spec is not None, contributors, spec
 
     def _reduced(self, heads: list[tuple]) -> LocalPendingCall:
@@ -482,7 +507,7 @@ class Exchange:
         if not fast:
             return self._reduce_objects(heads)
         count = len(self.reps)
-        slot = slot_bytes(self.backend.channel.world_size)
+        slot = slot_bytes(self.session.channel.world_size)
         if all(heads[r][LENGTH] <= slot - HEADER_BYTES for r in contributors):
             data = self.data
             if isinstance(spec, numeric.Leaf) and spec.kind in ("int", "float"):
@@ -506,7 +531,7 @@ class Exchange:
                 value = numeric.unpack_sums(ints, floats, spec, self.op, count)
         else:  # too big for the slots: an all-reduce of the numbers themselves
             local = [self.mine[2]] if self._spec is not None else []
-            buffers = self.backend.channel.all_reduce_sum(numeric.pack(local, spec))
+            buffers = self.session.channel.all_reduce_sum(numeric.pack(local, spec))
             value = numeric.unpack(buffers, spec, self.op, count)
         return LocalPendingCall(
             None, reduced=value, reduce_op=self.op, mesh=self.mesh, label=self.info.label
@@ -516,16 +541,16 @@ class Exchange:
         """Results that cannot be summed as they are (not numbers, structures that differ, or
         a structure not yet known everywhere): gather them for the collector, and remember a
         structure every contributor shares so the next call is summed in place."""
-        backend = self.backend
+        session = self.session
         mine = self.mine
         sending = mine is not None and mine[1] and mine[0] in self.reps
         entry: Any = None
         if sending:
             blob = self.payload
             if self._spec is not None:
-                blob, _ = encode(True, mine[2], self.ranks[mine[0]], backend.node, self.info.label)
+                blob, _ = encode(True, mine[2], self.ranks[mine[0]], session.node, self.info.label)
             entry = (_safe_dumps(self._spec), blob)
-        gathered = backend.channel.all_gather(entry)
+        gathered = session.channel.all_gather(entry)
         results: list[Any] = [None] * len(self.ranks)
         failures, specs = [], []
         for rank, item in enumerate(gathered):
@@ -540,7 +565,7 @@ class Exchange:
                 results[index] = value
             specs.append(_safe_loads(spec_blob))
         if specs and all(s is not None and numeric.same_spec(specs[0], s) for s in specs):
-            backend.spec_cache[numeric.spec_key(specs[0])] = specs[0]
+            self.driver.spec_cache[numeric.spec_key(specs[0])] = specs[0]
         return LocalPendingCall(
             results,
             failures,
@@ -554,7 +579,7 @@ class Exchange:
     def _diverged(self) -> LocalPendingCall:
         """Processes at different calls: every process raises the same error naming each
         process's call and call site."""
-        described = self.backend.channel.all_gather(self.info.describe())
+        described = self.session.channel.all_gather(self.info.describe())
         groups: dict[str, list[int]] = {}
         for rank, text in enumerate(described):
             groups.setdefault(str(text), []).append(rank)
@@ -620,7 +645,7 @@ class ExchangedCall(PendingCall):
     def _outcome(self, timeout: float | None) -> LocalPendingCall:
         exchange = self.exchange
         if exchange.outcome is None:
-            exchange.backend.wait_for(exchange, timeout)
+            exchange.driver.wait_for(exchange, timeout)
         assert exchange.outcome is not None
         return exchange.outcome
 
@@ -632,7 +657,7 @@ class ExchangedCall(PendingCall):
 
     def done(self) -> bool:
         exchange = self.exchange
-        return exchange.outcome is not None or exchange.backend.try_finish(exchange)
+        return exchange.outcome is not None or exchange.driver.try_finish(exchange)
 
     def succeeded(self) -> bool:
         outcome = self.exchange.outcome

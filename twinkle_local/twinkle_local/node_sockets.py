@@ -39,10 +39,7 @@ import tempfile
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from .channel import ControlChannel
+from typing import Any, Protocol
 
 log = logging.getLogger("twinkle")
 
@@ -61,6 +58,17 @@ SETUP_TIMEOUT_S = 30.0
 #: Longest single sleep of a waiting thread between looks (another thread may have read the
 #: slot it waits for).
 _NAP_S = 0.05
+
+
+class Peers(Protocol):
+    """What connecting the mesh needs of the processes (the `channel.ControlChannel` over gloo,
+    which then gathers its slots over this mesh)."""
+
+    world_size: int
+    rank: int
+
+    def all_gather(self, obj: Any) -> list[Any]:
+        """Every process's `obj`, in rank order (on every process)."""
 
 
 class SocketGather:
@@ -141,7 +149,7 @@ class SocketMesh:
 
     # ----------------------------------------------------------------- set-up
     @classmethod
-    def connect(cls, channel: ControlChannel, timeout_s: float) -> SocketMesh | None:
+    def connect(cls, channel: Peers, timeout_s: float) -> SocketMesh | None:
         """Connect every process of `channel` to every other (collective: every process calls
         it at the same point); None on every process unless every process succeeded."""
         world, rank = channel.world_size, channel.rank

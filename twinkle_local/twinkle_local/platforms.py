@@ -81,7 +81,53 @@ def _torch_device(device_type: str, index: int | None) -> Any:
         return text
 
 
-class CudaPlatform(AcceleratorPlatform):
+class TorchAcceleratorPlatform(AcceleratorPlatform):
+    """An accelerator whose torch module has the `torch.cuda` API (`is_available`,
+    `device_count`, `set_device`, `manual_seed_all`, `get/set_rng_state_all`): cuda and npu.
+
+    A subclass names its module (`_accelerator()`); everything else is shared.
+    """
+
+    @classmethod
+    def _accelerator(cls) -> Any | None:
+        """The device module (`torch.cuda`, `torch_npu.npu`); None when it is absent."""
+        return None
+
+    @classmethod
+    def is_available(cls) -> bool:
+        try:
+            module = cls._accelerator()
+            return bool(module is not None and module.is_available())
+        except Exception as exc:
+            log.debug("twinkle: %s detection failed: %s", cls.device_type, exc)
+            return False
+
+    @classmethod
+    def device_count(cls) -> int:
+        try:
+            return int(cls._accelerator().device_count()) if cls.is_available() else 0
+        except Exception:
+            return 0
+
+    def local_device(self, index: int = 0) -> Any:
+        return _torch_device(self.device_type, index)
+
+    def set_device(self, index: int) -> None:
+        self._accelerator().set_device(int(index))
+
+    def manual_seed(self, seed: int) -> None:
+        if self.is_available():
+            self._accelerator().manual_seed_all(seed)
+
+    def get_rng_state(self) -> Any:
+        return self._accelerator().get_rng_state_all() if self.is_available() else None
+
+    def set_rng_state(self, state: Any) -> None:
+        if state is not None and self.is_available():
+            self._accelerator().set_rng_state_all(state)
+
+
+class CudaPlatform(TorchAcceleratorPlatform):
     """NVIDIA GPUs through `torch.cuda`; nccl for collectives; Ray resource `GPU`."""
 
     device_type = "cuda"
@@ -93,45 +139,12 @@ class CudaPlatform(AcceleratorPlatform):
     detection_priority = 100
 
     @classmethod
-    def _cuda(cls) -> Any | None:
+    def _accelerator(cls) -> Any | None:
         torch = torch_or_none()
         return None if torch is None else torch.cuda
 
-    @classmethod
-    def is_available(cls) -> bool:
-        try:
-            cuda = cls._cuda()
-            return bool(cuda is not None and cuda.is_available())
-        except Exception as exc:
-            log.debug("twinkle: cuda detection failed: %s", exc)
-            return False
 
-    @classmethod
-    def device_count(cls) -> int:
-        try:
-            return int(cls._cuda().device_count()) if cls.is_available() else 0
-        except Exception:
-            return 0
-
-    def local_device(self, index: int = 0) -> Any:
-        return _torch_device("cuda", index)
-
-    def set_device(self, index: int) -> None:
-        self._cuda().set_device(int(index))
-
-    def manual_seed(self, seed: int) -> None:
-        if self.is_available():
-            self._cuda().manual_seed_all(seed)
-
-    def get_rng_state(self) -> Any:
-        return self._cuda().get_rng_state_all() if self.is_available() else None
-
-    def set_rng_state(self, state: Any) -> None:
-        if state is not None and self.is_available():
-            self._cuda().set_rng_state_all(state)
-
-
-class NpuPlatform(AcceleratorPlatform):
+class NpuPlatform(TorchAcceleratorPlatform):
     """Huawei Ascend NPUs through `torch_npu` (imported only when installed); hccl; Ray `NPU`."""
 
     device_type = "npu"
@@ -143,42 +156,9 @@ class NpuPlatform(AcceleratorPlatform):
     detection_priority = 90
 
     @classmethod
-    def _npu(cls) -> Any | None:
+    def _accelerator(cls) -> Any | None:
         module = torch_npu_or_none()
         return None if module is None else getattr(module, "npu", None)
-
-    @classmethod
-    def is_available(cls) -> bool:
-        try:
-            npu = cls._npu()
-            return bool(npu is not None and npu.is_available())
-        except Exception as exc:
-            log.debug("twinkle: npu detection failed: %s", exc)
-            return False
-
-    @classmethod
-    def device_count(cls) -> int:
-        try:
-            return int(cls._npu().device_count()) if cls.is_available() else 0
-        except Exception:
-            return 0
-
-    def local_device(self, index: int = 0) -> Any:
-        return _torch_device("npu", index)
-
-    def set_device(self, index: int) -> None:
-        self._npu().set_device(int(index))
-
-    def manual_seed(self, seed: int) -> None:
-        if self.is_available():
-            self._npu().manual_seed_all(seed)
-
-    def get_rng_state(self) -> Any:
-        return self._npu().get_rng_state_all() if self.is_available() else None
-
-    def set_rng_state(self, state: Any) -> None:
-        if state is not None and self.is_available():
-            self._npu().set_rng_state_all(state)
 
 
 class MpsPlatform(AcceleratorPlatform):

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from twinkle_core.plugin import tracing
 
 if TYPE_CHECKING:
-    from .backend import LocalBackend
+    from .session import Session
 
 log = logging.getLogger("twinkle.trace")
 
@@ -41,7 +41,7 @@ def measure_offset(channel: Any) -> int:
     return int(statistics.median(samples))
 
 
-def start(backend: LocalBackend) -> None:
+def start(session: Session) -> None:
     """Join the trace of this run (after the processes agreed on the run): name this process's
     driver track, measure the clock offset, and gather the events to rank 0 at shutdown.
 
@@ -51,8 +51,8 @@ def start(backend: LocalBackend) -> None:
     rec = tracing.RECORDER
     if rec is None:
         return
-    channel = backend.channel
-    rank = backend.env.rank
+    channel = session.channel
+    rank = session.env.rank
     if channel.world_size > 1:
         rec.label = f"driver rank {rank}"
     rec.meta["local_offset_ns"] = measure_offset(channel)
@@ -60,30 +60,26 @@ def start(backend: LocalBackend) -> None:
         rec.path = None  # rank 0 writes the merged file
 
 
-def gather(rec: Any, backend: Any) -> None:
-    """Send every process's events to rank 0 (at shutdown, on every process at once)."""
-    from .backend import LocalBackend as Local
-
-    if not isinstance(backend, Local) or "local_offset_ns" not in rec.meta:
+def gather(rec: Any, session: Session, broken: BaseException | None) -> None:
+    """Send every process's events to rank 0 (at shutdown, on every process at once; the
+    backend registers it with core as its gatherer). `broken`: the run's broken state."""
+    if "local_offset_ns" not in rec.meta:
         return
-    channel = backend.channel
+    channel = session.channel
     if not channel.distributed:
         return
     offset_ns = rec.meta["local_offset_ns"]
-    if backend.broken is not None:
+    if broken is not None:
         log.warning(
             "twinkle: the run broke (%s); rank %d's trace events are not gathered",
-            backend.broken,
-            backend.env.rank,
+            broken,
+            session.env.rank,
         )
         return
-    snapshot = rec.snapshot() if backend.env.rank != 0 else None
+    snapshot = rec.snapshot() if session.env.rank != 0 else None
     parts = channel.all_gather((offset_ns, snapshot))
-    if backend.env.rank != 0:
+    if session.env.rank != 0:
         return
     for their_offset, part in parts[1:]:
         if part is not None:
             rec.merge(part, their_offset - offset_ns)
-
-
-tracing.add_gatherer(gather)

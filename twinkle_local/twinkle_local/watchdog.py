@@ -25,13 +25,14 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .callsite import user_stack
 
 if TYPE_CHECKING:
-    from .backend import LocalBackend
     from .exchange import CallInfo
+    from .session import Session
 
 log = logging.getLogger("twinkle")
 
@@ -95,8 +96,11 @@ def format_stack(ident: int | None, limit: int = STACK_FRAMES) -> str:
 class Watchdog:
     """One per run of mode 'local'; a daemon thread from `start()` to `stop()`."""
 
-    def __init__(self, backend: LocalBackend) -> None:
-        self.backend = backend
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        #: Finishes the exchanges every process has reached; True while some are left
+        #: (`ExchangeQueue.progress`, given to `start()`).
+        self._progress: Callable[[], bool] = _nothing_left
         self._runs: dict[int, ActiveRun] = {}  # methods running with a deadline, by thread
         self._calls: dict[int, tuple] = {}  # (info, started) of the others, by thread
         self._lock = threading.Lock()
@@ -109,7 +113,10 @@ class Watchdog:
         self._nudges = 0
 
     # ----------------------------------------------------------------- lifecycle
-    def start(self) -> None:
+    def start(self, progress: Callable[[], bool]) -> None:
+        """Start the thread; it also calls `progress()` (it must never wait) to finish the
+        exchanges no driver thread collects."""
+        self._progress = progress
         self._install_sigint()
         self._thread = threading.Thread(target=self._loop, name="twinkle-watchdog", daemon=True)
         self._thread.start()
@@ -214,9 +221,9 @@ class Watchdog:
     # ----------------------------------------------------------------- stacks
     def describe_self(self) -> str:
         """Where this process is: the methods it runs (or none) and the stacks."""
-        backend = self.backend
+        session = self.session
         now = time.monotonic()
-        lines = [f"process {backend.env.rank} (node {backend.node}, pid {os.getpid()}):"]
+        lines = [f"process {session.env.rank} (node {session.node}, pid {os.getpid()}):"]
         runs = [(r.ident, r.info, r.started) for r in list(self._runs.values())]
         runs += [(ident, *call) for ident, call in list(self._calls.items())]
         names = {t.ident: t.name for t in threading.enumerate()}
@@ -237,7 +244,7 @@ class Watchdog:
 
     def request_stacks(self, wait: float) -> dict[int, str]:
         """The other processes' `describe_self()`, as many as answer within `wait` seconds."""
-        channel = self.backend.channel
+        channel = self.session.channel
         store = channel.store
         if store is None or channel.world_size <= 1 or self._store_broken:
             return {}
@@ -264,7 +271,7 @@ class Watchdog:
             return {}
 
     def _answer_requests(self) -> None:
-        channel = self.backend.channel
+        channel = self.session.channel
         store = channel.store
         if store is None or channel.world_size <= 1 or self._store_broken:
             return
@@ -290,9 +297,13 @@ class Watchdog:
                 if now >= next_poll:
                     self._answer_requests()
                     next_poll = now + POLL_S
-                busy = self.backend.progress()
+                busy = self._progress()
             except Exception as exc:  # never let the watchdog die silently
                 log.warning("twinkle: watchdog: %s: %s", type(exc).__name__, exc)
                 busy = False
             timed = any(r.deadline is not None for r in list(self._runs.values()))
             delay = TICK_S if (busy or timed) else POLL_S
+
+
+def _nothing_left() -> bool:
+    return False

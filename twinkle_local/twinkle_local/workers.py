@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import copy
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from twinkle_core import (
     CallTimeoutError,
@@ -39,16 +39,35 @@ from twinkle_core.plugin import (
 )
 
 from .calls import LocalPendingCall
+from .callsite import driver_call_site
 from .exchange import KIND_GATHER, KIND_REDUCE, CallInfo, Exchange, ExchangedCall
 from .transports import decide
 
 if TYPE_CHECKING:
-    from .backend import LocalBackend
-    from .rng import Party
+    from .exchange_queue import ExchangeQueue
+    from .rng import Party, RngSwitch
+    from .session import Session
+    from .shared_arguments import SharedArguments
+    from .watchdog import Watchdog
 
 REDUCE_OPS = ("sum", "mean")
 #: The attribute where core keeps a `@remote_function`'s options (its timeout, here).
 _SPEC_ATTR = "__twinkle_remote_function__"
+
+
+class Host(Protocol):
+    """What a worker group uses of the run that made it (the `LocalBackend`)."""
+
+    #: This process in the run (rank, node, channel, `isolate`, whether it was shut down).
+    session: Session
+    #: Where the group's calls are numbered, exchanged in order, and found broken.
+    exchanges: ExchangeQueue
+    #: Tensors a hand-off delivered, given to the next call's arguments without a copy.
+    shared: SharedArguments
+    #: Bounds the methods' run by their timeouts and tells where they are.
+    watchdog: Watchdog
+    #: The fast switch between the driver's and the workers' random generators.
+    rng: RngSwitch | None
 
 
 class LocalWorkerGroup(WorkerGroup):
@@ -56,7 +75,7 @@ class LocalWorkerGroup(WorkerGroup):
 
     def __init__(
         self,
-        backend: LocalBackend,
+        host: Host,
         group: DeviceGroup,
         device_mesh: DeviceMesh,
         cls: type,
@@ -67,12 +86,12 @@ class LocalWorkerGroup(WorkerGroup):
         party: Party | None = None,
     ) -> None:
         super().__init__(group, device_mesh, cls.__name__, size, placements)
-        self.backend = backend
+        self.host = host
         self.cls = cls
         self.instance = instance
         #: This process's worker (its context and random generators); None when idle.
         self.state = state
-        #: The worker's generators for the backend's fast switch (None: core's activate()).
+        #: The worker's generators for the run's fast switch (None: core's activate()).
         self.party = party
         self._timeouts: dict[str, float | None] = {}
         self._transports: dict[str, tuple[str, bool]] = {}
@@ -140,7 +159,7 @@ class LocalWorkerGroup(WorkerGroup):
             got = outcome.hand_off(source.collector, source.device_mesh)
         except Exception:
             return value()  # the collector's error, raised as collecting raises it
-        self.backend.share(got)
+        self.host.shared.share(got)
         return got
 
     def _run(self, method: str, call: WorkerCall, info: CallInfo) -> tuple[bool, Any]:
@@ -156,14 +175,14 @@ class LocalWorkerGroup(WorkerGroup):
         `restore()` (when not None) puts the caller's back. The caller may start the exchange
         first, so this bookkeeping overlaps the network instead of delaying it."""
         assert self.state is not None, "only a process holding a worker runs calls"
-        backend = self.backend
+        host = self.host
         args, kwargs = call.args, call.kwargs
-        if backend.isolate and not _immutable(args, kwargs):
+        if host.session.isolate and not _immutable(args, kwargs):
             # Tensors a hand-off delivered are this call's already (unless it writes in place).
-            memo = {} if self.method_transport(method)[1] else backend.shared_memo()
+            memo = {} if self.method_transport(method)[1] else host.shared.shared_memo()
             args, kwargs = copy.deepcopy((args, kwargs), memo)
         timeout = self.method_timeout(method)
-        rng = backend.rng
+        rng = host.rng
         party = self.party
         if party is None or rng is None:
             with self.state.activate() as ctx:
@@ -178,13 +197,13 @@ class LocalWorkerGroup(WorkerGroup):
         return ok, value, lambda: rng.leave(party, previous)
 
     def _bounded(self, method, call, info, timeout, args, kwargs, ctx) -> tuple[bool, Any]:
-        backend = self.backend
-        node = backend.node
+        host = self.host
+        node = host.session.node
 
         def body() -> tuple[bool, Any]:
             return run_method(self.instance, method, args, kwargs, rank=call.rank, node=node)
 
-        result, took, stack = backend.watchdog.run(info, timeout, body)
+        result, took, stack = host.watchdog.run(info, timeout, body)
         if timeout is not None and (result is None or took > timeout):
             where = f"; it was at:\n{stack.rstrip()}" if stack else ""
             error = CallTimeoutError(
@@ -202,10 +221,11 @@ class LocalWorkerGroup(WorkerGroup):
         collector: Collector | None = None,
         device_mesh: DeviceMesh | None = None,
     ) -> PendingCall:
-        if self.backend.closed:
+        session = self.host.session
+        if session.closed:
             raise NotInitializedError(
                 f"{self.class_name}.{method}: this object belongs to run "
-                f"{self.backend.run_name!r}, which was shut down; its workers are gone. Create "
+                f"{session.run_name!r}, which was shut down; its workers are gone. Create "
                 "the object again after initialize()"
             )
         if get_worker_context() is not None:
@@ -215,7 +235,7 @@ class LocalWorkerGroup(WorkerGroup):
 
     def _submit_nested(self, method: str, calls: list[WorkerCall]) -> LocalPendingCall:
         """A call made inside a worker: only this process takes part, so no collective."""
-        me = self.backend.env.rank
+        me = self.host.session.env.rank
         elsewhere = [c.rank for c in calls if c.rank != me or not self.holds_worker]
         if elsewhere:
             caller = get_worker_context()
@@ -234,7 +254,7 @@ class LocalWorkerGroup(WorkerGroup):
         for call in calls:
             ok, value = self._run(method, call, info)
             if ok:
-                results.append(copy.deepcopy(value) if self.backend.isolate else value)
+                results.append(copy.deepcopy(value) if self.host.session.isolate else value)
             else:
                 failures.append(value)
         return LocalPendingCall(results, failures, label=label)
@@ -247,21 +267,23 @@ class LocalWorkerGroup(WorkerGroup):
         collector: Collector | None,
         mesh: DeviceMesh,
     ) -> PendingCall:
-        backend = self.backend
+        host = self.host
+        session = host.session
+        exchanges = host.exchanges
         label = f"{self.class_name}.{method}"
         op = getattr(collector, "reduce_op", None)
         kind = KIND_REDUCE if op in REDUCE_OPS else KIND_GATHER
-        site = backend.call_site()
+        site = driver_call_site()
         thread = threading.current_thread().name
         ranks = [c.rank for c in calls]
-        with backend.lock:  # one call at a time in this process, exchanged in this order
-            backend.drain(self.method_timeout(method))
-            if backend.broken is not None:  # an earlier exchange failed: neither run nor wait
-                return backend.lost_outcome(
-                    CallInfo(0, kind, label, site, len(calls), thread), ranks, backend.broken
+        with exchanges.lock:  # one call at a time in this process, exchanged in this order
+            exchanges.drain(self.method_timeout(method))
+            if exchanges.broken is not None:  # an earlier exchange failed: neither run nor wait
+                return exchanges.lost_outcome(
+                    CallInfo(0, kind, label, site, len(calls), thread), ranks, exchanges.broken
                 )
-            info = CallInfo(backend.next_sequence(), kind, label, site, len(calls), thread)
-            me = backend.env.rank
+            info = CallInfo(exchanges.next_sequence(), kind, label, site, len(calls), thread)
+            me = session.env.rank
             mine, restore = None, None
             try:
                 if self.holds_worker:
@@ -272,7 +294,7 @@ class LocalWorkerGroup(WorkerGroup):
                 reps = self._representatives(len(calls), mesh) if kind == KIND_REDUCE else _NONE
                 transport = self.method_transport(method)[0]
                 held, skip, partial = None, False, False
-                if transport != OBJECT_STORE and backend.channel.distributed:
+                if transport != OBJECT_STORE and session.channel.distributed:
                     # Only the results the collector uses travel; large tensors by transport.
                     if kind == KIND_REDUCE:
                         used = reps
@@ -289,7 +311,7 @@ class LocalWorkerGroup(WorkerGroup):
                             if why is not None:
                                 note_fallback(label, why)
                 exchange = Exchange(
-                    backend,
+                    exchanges,
                     info,
                     ranks,
                     mine,
@@ -301,9 +323,9 @@ class LocalWorkerGroup(WorkerGroup):
                     partial=partial,
                 )
                 exchange.start()
-                backend.enqueue(exchange)
+                exchanges.enqueue(exchange)
             finally:
-                backend.unshare()
+                host.shared.unshare()
                 if restore is not None:  # the driver's generators back, while gloo works
                     restore()
         return ExchangedCall(exchange)

@@ -1,0 +1,40 @@
+"""Tensors handed to the next call's arguments without a copy.
+
+With `isolate` on, a call's arguments are deep-copied, as a real transport would copy them. A
+LazyCollect handed to a call whose tensors a transport has just delivered (fresh buffers that
+nothing else references) need not be copied once more: `LocalWorkerGroup.resolve_argument`
+shares them here, the call's copy keeps them as they are, and the call forgets them once it
+has started.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class SharedArguments:
+    """The tensors shared with the next call, by id (one per run)."""
+
+    def __init__(self) -> None:
+        self._shared: dict[int, Any] = {}
+
+    def share(self, value: Any) -> None:
+        """The tensors in `value` (dicts, lists, tuples) go to the next call's workers as
+        they are (see `LocalWorkerGroup.resolve_argument`)."""
+        stack = [value]
+        while stack:
+            item = stack.pop()
+            kind = type(item)
+            if kind in (list, tuple):
+                stack.extend(item)
+            elif isinstance(item, dict):
+                stack.extend(item.values())
+            elif kind.__name__ == "Tensor" and kind.__module__.startswith("torch"):
+                self._shared[id(item)] = item
+
+    def shared_memo(self) -> dict[int, Any]:
+        """A `copy.deepcopy` memo that keeps the shared tensors as they are."""
+        return dict(self._shared)
+
+    def unshare(self) -> None:
+        self._shared.clear()
