@@ -25,7 +25,7 @@ from twinkle_core import (
     remote_function,
     shutdown,
 )
-from twinkle_ray import workers as workers_module
+from twinkle_ray import pending as pending_module
 from twinkle_ray.transfer import STORE_BYTES, Stored
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -188,7 +188,7 @@ def test_waiting_on_many_calls_in_flight_asks_ray_once_per_round(run, monkeypatc
     from twinkle_core import wait
     from twinkle_core.runtime import Runtime
 
-    monkeypatch.setattr(workers_module, "LOOK_FRESH_S", 3600.0)  # nothing gets stale here
+    monkeypatch.setattr(pending_module, "LOOK_FRESH_S", 3600.0)  # nothing gets stale here
     monkeypatch.setattr(Runtime, "LOOK_EVERY_S", 0.0)  # every call looks (at old calls only)
     one = run["one"]
     path = _release(run)
@@ -215,7 +215,7 @@ def test_waiting_on_many_calls_in_flight_asks_ray_once_per_round(run, monkeypatc
 def test_done_is_fresh_and_stays_true(run, monkeypatch):
     """A look is reused for at most `LOOK_FRESH_S`; after that `done()` asks again, and once
     True it stays True (a polling loop must never see True, then False)."""
-    monkeypatch.setattr(workers_module, "LOOK_FRESH_S", 0.05)
+    monkeypatch.setattr(pending_module, "LOOK_FRESH_S", 0.05)
     one = run["one"]
     path = _release(run)
     blocker = one.block(path)
@@ -237,7 +237,7 @@ def test_done_is_fresh_and_stays_true(run, monkeypatch):
 def test_a_timeout_names_the_ranks_still_running_whatever_the_last_look_saw(run, monkeypatch):
     """After a wait timed out, the error asks Ray which ranks finished: the last look may be
     older than that, and a finished rank must not be called running."""
-    monkeypatch.setattr(workers_module, "LOOK_FRESH_S", 3600.0)
+    monkeypatch.setattr(pending_module, "LOOK_FRESH_S", 3600.0)
     four = run["four"]
     path = _release(run)
     lazy = four.rank0_quick(path, 60.0)

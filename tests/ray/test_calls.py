@@ -27,6 +27,7 @@ from twinkle_core import (
     shutdown,
 )
 from twinkle_core.dispatch import SliceDPDispatcher
+from twinkle_ray.shipping import Shipper
 from twinkle_ray.transfer import (
     RemoteArray,
     RemoteCollected,
@@ -35,7 +36,6 @@ from twinkle_ray.transfer import (
     tensor_from_numpy,
     tensor_to_numpy,
 )
-from twinkle_ray.workers import Shipper
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 

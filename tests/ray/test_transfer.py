@@ -133,8 +133,8 @@ def test_a_placeholder_dispatches_and_fetches_like_the_collected_value(
     refused, and the driver collects, exactly when the collector itself fails)."""
     from twinkle_core.collect import BUILTIN_COLLECTORS
     from twinkle_core.dispatch import BUILTIN_DISPATCHERS
+    from twinkle_ray.placeholders import build_placeholder
     from twinkle_ray.transfer import _replace
-    from twinkle_ray.workers import build_placeholder
 
     mesh = MESHES[mesh_name]()
     results = [_value_of(kind, rank, n) for rank in range(mesh.world_size)]

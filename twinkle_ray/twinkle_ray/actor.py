@@ -164,7 +164,8 @@ class TwinkleActor:
         return True
 
     def _tw_run(self, method: str, args: tuple, kwargs: dict) -> Any:
-        """Run one method of the user's object; its result, large ones as a `Stored` envelope."""
+        """Run one method of the user's object; its result, large ones as a `Stored` envelope
+        (or a `Held` one when a device-direct transport carries it: `transfer.pack_result`)."""
         seen = WRITE_GUARD.start()  # large tensors received as object-store views
         if _writable_args(type(self._tw_instance), method):
             args, kwargs = writable_copies((args, kwargs))

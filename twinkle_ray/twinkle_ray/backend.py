@@ -37,10 +37,12 @@ from .cluster import ClusterConnection
 from .envvars import passthrough_patterns, select
 from .options import RayOptions
 from .payload_check import checked_arguments
+from .pending import RayPendingCall
 from .resources import ClusterResourceError, ResourceManager, embedded_cluster_cpus, ray_request
 from .shadowing import check_worker_imports, connected_code_paths
+from .shipping import ship_all
 from .transfer import register_tensor_serializer, reset_tensor_serializer
-from .workers import RayPendingCall, RayWorkerGroup, ship_all
+from .workers import RayWorkerGroup
 
 log = logging.getLogger("twinkle")
 

@@ -11,7 +11,8 @@
   in dicts, lists and tuples) is put in the object store by the worker, and the reply carries a
   `Stored` envelope: its `ResultMeta` (with the result's `tree`: structure, array shapes and
   dtypes) and the ref. The driver learns what it needs to hand the result to another group
-  without fetching it.
+  without fetching it. A large tensor result that a device-direct transport carries stays in
+  the worker instead, behind a `Held` envelope (transports.py).
 - Remote placeholders stand for (parts of) results that stay in the object store: a consumer
   worker fetches exactly the producer results it needs (`materialize`), the driver never does.
   `mirror` turns a result's tree into real dicts/lists/tuples of placeholders, so dispatchers
@@ -646,14 +647,15 @@ def mirror(tree: Tree, ref: Any, path: tuple = ()) -> Any:
 
 def _fetch_map(refs: list) -> dict:
     """{ref: result} for the distinct `refs` (task replies or stored results), one `ray.get`
-    for all of them, envelopes opened with one more."""
+    for all of them, envelopes opened as `_fetch_all` opens them."""
     unique = list(dict.fromkeys(refs))
     values = _fetch_all(unique)
     return dict(zip(unique, values, strict=True))
 
 
 def _fetch_all(refs: list) -> list[Any]:
-    """The results behind `refs` (task replies), envelopes opened with one more `ray.get`."""
+    """The results behind `refs` (task replies): `Stored` envelopes opened with one more
+    `ray.get` for all of them, `Held` ones received from their holder (`transports.receive`)."""
     values = ray.get(refs)
     held = [i for i, v in enumerate(values) if is_envelope(v) and type(v) is not Stored]
     if held:
@@ -677,6 +679,14 @@ def _placeholders(value: Any, out: list) -> None:
     elif type(value) in (list, tuple):
         for v in value:
             _placeholders(v, out)
+
+
+def placeholder_refs(value: Any) -> list:
+    """The distinct refs (first seen first) of the results that the placeholders in nested
+    dicts/lists/tuples `value` stand for."""
+    found: list = []
+    _placeholders(value, found)
+    return list(dict.fromkeys(ref for p in found for ref in p.refs()))
 
 
 def _replace(value: Any, fetched: dict) -> Any:

@@ -1,5 +1,6 @@
-"""Device-direct transports on Ray: large tensor results sent worker to worker over a
-torch.distributed group twinkle creates between the producing and the consuming group.
+"""Device-direct transports on Ray: large tensor results sent worker to worker, not through
+the object store, either over a torch.distributed group twinkle creates between the producing
+and the consuming group or by Ray Direct Transport (RDT).
 
 `@remote_function(transport=...)` (core's `twinkle_core.transport`) names how a method's large
 results travel. Built in here (registered by `plugin.py`):
@@ -9,9 +10,13 @@ results travel. Built in here (registered by `plugin.py`):
 - `nccl`: CUDA tensors over an NCCL group; `auto` picks it for CUDA results of at least
   `Transport.min_bytes` when CUDA and NCCL are available in the producing worker.
 - `hccl`: Ascend NPU tensors over an HCCL group, the same way (torch_npu in the worker).
+- `cuda_ipc` (RDT): CUDA tensors mapped by a consumer on the producer's node and device;
+  `auto` upgrades to it per consumer worker that shares the producer's device.
+- `nixl` (RDT): CUDA or CPU tensors read by the consumer through NIXL; `auto` picks it for
+  large CUDA results when NCCL is not available, CPU tensors only when named.
 
-How a result travels (no driver in the data path, and no Ray Direct Transport: see
-docs/data.md, "Transports", for why):
+How a result travels (no driver in the data path; docs/data.md, "Transports" and "Ray Direct
+Transport", says why it is done this way):
 
 1. The producing worker decides with the real result in hand (`hold`): a tensor, or dicts,
    lists and tuples of tensors on one device type, large enough for `STORE_BYTES`, whose
@@ -20,13 +25,20 @@ docs/data.md, "Transports", for why):
    else goes to the object store as before, and the envelope says why when a named transport
    could not be used; the driver logs that once per method and reason.
 2. When the driver submits a consuming call whose arguments stand for held results
-   (`before_submit`), it makes sure a transport group over the producer's and the consumer's
-   actors exists (created on first use with `collective.create`, ranks producer first, left at
-   shutdown), then queues one `send_held` on each producer actor a consumer worker needs, right
-   before the consumer's own task. Ray keeps one caller's order per actor, so the send runs
-   before any later call of the producer: the receiver gets the tensors as they were then.
-3. The consumer's worker (`receive`) takes a status word and then every tensor from the
-   producer's rank, in the order the driver queued the sends (both walk the arguments alike).
+   (`before_submit`), it picks the transport per consumer worker (`pair_transport`).
+   - Over torch.distributed: it makes sure a transport group over the producer's and the
+     consumer's actors exists (created on first use with `collective.create`, ranks producer
+     first, left at shutdown), then queues one `send_held` on each producer actor a consumer
+     worker needs, right before the consumer's own task. Ray keeps one caller's order per
+     actor, so the send runs before any later call of the producer: the receiver gets the
+     tensors as they were then.
+   - By RDT: it asks the producer once per held result and transport for an RDT object
+     (`rdt_ref`: `_tw_rdt_give`, on the producer's `RDT_GROUP` thread) and submits the
+     consumer's task with that ref as a top-level argument (`_tw_call_rdt`); Ray moves the
+     tensors into the consumer before the task runs.
+3. The consumer's worker (`receive`) takes the tensors Ray delivered with the call
+   (`delivered`), or else a status word and then every tensor from the producer's rank, in the
+   order the driver queued the sends (both walk the arguments alike).
 
 Whoever else needs a held result (the driver calling the LazyCollect, a worker outside a
 transport group) gets it through the object store from the producer (`give_held`): a transport
@@ -77,7 +89,8 @@ GROUP_TIMEOUT_S = 300.0
 # ----------------------------------------------------------------------- the transports
 def torch_backend(cls: Any) -> str:
     """The torch.distributed backend that carries transport class `cls` point to point, or ""
-    when it names none (then the Ray backend cannot carry it: the object store is used).
+    when it names none (then the Ray backend carries it only when it is an RDT transport,
+    `rdt_name`; otherwise the object store is used).
 
     Any registered `Transport` with a `torch_backend` class attribute (e.g. an NPU plugin's
     `hccl`) is carried the same way as the built-in ones, without the plugin importing this one.
@@ -319,8 +332,9 @@ _outbox_lock = threading.Lock()
 def decide(requested: str, value: Any, method: str) -> tuple[str, Any, list[Any], str | None]:
     """(transport, skeleton, tensors, why not) for a large result `value` of `method`.
 
-    The transport is `object_store` or a registered one with a `torch_backend`; `why not`
-    says why a named transport (or a large device result under `auto`) stays on the object store.
+    The transport is `object_store` or a registered one the Ray backend carries (`carried`:
+    it has a `torch_backend` or is an RDT transport); `why not` says why a named transport (or
+    a large device result under `auto`) stays on the object store.
     """
     if requested == OBJECT_STORE:
         return OBJECT_STORE, None, [], None
@@ -692,21 +706,21 @@ GROUPS = _Groups()
 
 
 def before_submit(
-    consumer: Any, calls: list[Any], held: dict[Any, tuple[Held, Any]]
+    consumer: Any,
+    calls: list[Any],
+    wanted: list[list[Any]],
+    held: dict[Any, tuple[Held, Any]],
 ) -> dict[int, list[tuple[str, Any]]]:
     """Queue the sends of held results the consumer's `calls` stand for (see the module doc);
     {call index: [(held key, RDT ref)]} for results Ray Direct Transport carries, which the
     call's task must take as arguments of its own (`TwinkleActor._tw_call_rdt`).
 
-    `held` maps a producer's reply ref to its `Held` envelope and producer RayWorkerGroup.
+    `wanted[i]` lists the producers' reply refs that call i's arguments stand for (distinct,
+    `transfer.placeholder_refs`); `held` maps a producer's reply ref to its `Held` envelope
+    and producer RayWorkerGroup.
     """
-    from .transfer import _placeholders
-
     extra: dict[int, list[tuple[str, Any]]] = {}
-    for index, call in enumerate(calls):
-        found: list[Any] = []
-        _placeholders((call.args, call.kwargs), found)
-        refs = dict.fromkeys(ref for p in found for ref in p.refs())
+    for index, (call, refs) in enumerate(zip(calls, wanted, strict=True)):
         for ref in refs:
             hit = held.get(ref)
             if hit is None:

@@ -1,0 +1,36 @@
+"""Telling a worker that died from a worker whose code raised, and saying how it died.
+
+A Ray call fails either because the user's method raised (the error travels back as a
+`RayTaskError`) or because the worker's process or node is gone (`DEATH_ERRORS`). A death
+tears the whole group down (its other ranks would hang in their next collective), so the
+worker group classifies every failure with these before deciding what to do.
+"""
+
+from __future__ import annotations
+
+import ray.exceptions as rex
+
+#: Ray errors that mean the worker process (or its node) is gone, not that user code raised.
+DEATH_ERRORS: tuple[type[BaseException], ...] = (
+    rex.RayActorError,
+    rex.WorkerCrashedError,
+    rex.NodeDiedError,
+    rex.OutOfMemoryError,
+    rex.LocalRayletDiedError,
+    rex.ObjectLostError,
+)
+
+
+def how_it_died(exc: BaseException) -> str:
+    """Words for a death error: a lost node reads differently from a crashed process.
+
+    An actor whose node is killed without warning first shows as unreachable
+    (`ActorUnavailableError`, about 2 s after the loss, while the cluster still lists the node
+    as alive for a while); with `max_restarts=0` it never comes back, so it counts as dead.
+    """
+    text = str(exc)
+    if isinstance(exc, rex.NodeDiedError) or "node has died" in text or "node died" in text:
+        return "died with its node"
+    if isinstance(exc, rex.ActorUnavailableError):
+        return "died or became unreachable (its process or its whole node is gone)"
+    return "died"
