@@ -39,6 +39,7 @@ from twinkle_core import (
     collective_group,
     get_device_placement,
     get_worker_context,
+    init_distributed,
     initialize,
     remote_class,
     remote_function,
@@ -76,10 +77,10 @@ class Policy:
 
     def __init__(self, lr: float, ballast_mib: int = 0) -> None:
         ctx = get_worker_context()
-        if ctx.world_size > 1 and not dist.is_initialized():
-            # On Ray each group is its own torch.distributed world; twinkle set RANK,
-            # WORLD_SIZE, MASTER_ADDR and MASTER_PORT for it. Under torchrun it already exists.
-            dist.init_process_group("gloo")
+        if ctx.world_size > 1:
+            # The same call in every mode: on Ray each group is its own torch.distributed world
+            # (made here, gloo for a cpu group); under torchrun it already exists (False).
+            init_distributed()
         self.net = build_net(ballast_mib)  # same seed in every worker: identical weights
         self.opt = torch.optim.SGD(self.net.parameters(), lr=lr)
 

@@ -25,18 +25,15 @@ from twinkle_core.transport import (
 
 class Nccl(Transport):
     device_types = ("cuda",)
-    modes = ("ray",)
 
 
 class Gloo(Transport):
     device_types = ("cpu",)
-    modes = ("ray",)
     min_bytes = 4 * AUTO_MIN_BYTES
 
 
 class Missing(Transport):
     device_types = ("cuda",)
-    modes = ("ray",)
 
     @classmethod
     def is_available(cls) -> bool:
@@ -81,7 +78,10 @@ def test_auto_keeps_small_payloads_on_the_object_store():
 
 
 def test_auto_uses_a_transport_only_where_it_serves_and_pays():
-    assert choose_transport("auto", BIG, "cuda", "local", REGISTERED) == "object_store"
+    not_nccl = lambda cls: cls is not Nccl  # noqa: E731  # a backend that cannot carry it
+    assert choose_transport("auto", BIG, "cuda", "x", REGISTERED, carries=not_nccl) == (
+        "object_store"
+    )
     assert choose_transport("auto", BIG, "cpu", "ray", REGISTERED) == "gloo"
     assert choose_transport("auto", 2 * AUTO_MIN_BYTES, "cpu", "ray", REGISTERED) == "object_store"
     assert choose_transport("object_store", BIG, "cuda", "ray", REGISTERED) == "object_store"
@@ -145,59 +145,52 @@ def test_a_transport_registered_through_the_hook_is_accepted_by_name(fresh_plugi
         shutdown()
 
 
-def test_one_name_registered_by_two_plugins_each_for_its_mode(fresh_plugins, caplog):
-    """As twinkle-ray and twinkle-local both register `gloo`: no conflict, and each backend's
-    lookup gets its own class; a second claim on one mode is warned about once."""
-    from twinkle_core import hookimpl
-    from twinkle_core.plugin import transports_for
+def test_one_name_registered_by_two_plugins_is_a_conflict(fresh_plugins):
+    """Each transport has one definition: a second registration of a name is refused when
+    the name is looked up, and both plugins show the conflict (`twinkle plugins`)."""
+    from twinkle_core import DuplicatePluginError, hookimpl
+    from twinkle_core.plugin import registered_transports
     from twinkle_core.plugins import plugin_system
 
-    class OnRay(Transport):
-        device_types, modes = ("cpu",), ("ray",)
+    class Lane(Transport):
+        device_types = ("cpu",)
 
-    class UnderTorchrun(Transport):
-        device_types, modes = ("cpu",), ("local", "torchrun")
-
-    class AlsoRay(Transport):
-        device_types, modes = ("cpu",), ("ray",)
-
-    def plugin(cls, target=None):
+    def plugin(cls):
         class P:
             @hookimpl
             def register_transports(self, register):
-                register("lane", target or cls)
+                register("lane", cls)
 
         return P()
 
     system = plugin_system()
-    system.add(plugin(OnRay), "ray-plugin")
-    system.add(plugin(UnderTorchrun), "local-plugin")
-    system.add(plugin(None, "no_such_module_xyz:Gloo"), "broken-plugin")
-    system.ensure_loaded()
-    assert system.names("transports").count("lane") == 1
-    assert transports_for("ray")["lane"] is OnRay
-    assert transports_for("local")["lane"] is UnderTorchrun
-    assert transports_for("torchrun")["lane"] is UnderTorchrun
-    assert transports_for("inprocess")["lane"] is OnRay  # nobody's mode: the first that loads
-    assert "warning" not in caplog.text.lower()
+    system.add(plugin(Lane), "first-plugin")
+    assert registered_transports()["lane"] is Lane
+    system.add(plugin(Gloo), "second-plugin")
+    with pytest.raises(DuplicatePluginError, match="'lane' is registered twice"):
+        system.get("transports", "lane")
+    assert "lane" not in registered_transports()  # refused, never one of the two at random
 
-    caplog.set_level(logging.WARNING, logger="twinkle")
-    system.add(plugin(AlsoRay), "second-ray-plugin")
-    for _ in range(2):
-        assert transports_for("ray")["lane"] is OnRay
-    warned = [m for m in caplog.messages if "registered for mode 'ray'" in m]
-    assert warned == [
-        "twinkle: transport 'lane' is registered for mode 'ray' by 'ray-plugin' and "
-        "'second-ray-plugin'; using the first. Uninstall one, or disable one with "
-        "TWINKLE_PLUGINS=<names to load>"
-    ]
+
+def test_a_backend_rule_keeps_auto_from_picking_a_transport_it_still_carries_when_named():
+    """The Ray backend's rule: CPU tensors never go over a torch.distributed transport under
+    `auto` (the object store hands them over zero-copy), but `gloo` named still works."""
+
+    def auto_picks(cls, device_type):
+        return not (device_type == "cpu" and cls is Gloo)
+
+    assert choose_transport("auto", BIG, "cpu", "ray", REGISTERED, auto_picks=auto_picks) == (
+        "object_store"
+    )
+    assert choose_transport("gloo", BIG, "cpu", "ray", REGISTERED, auto_picks=auto_picks) == "gloo"
+    assert choose_transport("auto", BIG, "cuda", "ray", REGISTERED, auto_picks=auto_picks) == "nccl"
 
 
 def test_auto_device_types_limit_what_auto_picks_but_not_what_is_named():
     """Ray's `nixl` moves CPU tensors when named, but `auto` keeps them on the object store."""
 
     class Nixl(Transport):
-        device_types, modes = ("cpu", "cuda"), ("ray",)
+        device_types = ("cpu", "cuda")
         auto_device_types = ("cuda",)
 
     registered = {"nixl": Nixl}

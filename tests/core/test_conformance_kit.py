@@ -52,17 +52,17 @@ class SumForMeanCall(CompletedCall):
 
 
 class SumForMeanGroup(Wrapped):
-    def submit(self, method, calls, *, collector=None, device_mesh=None):
-        done = self.inner.submit(method, calls, collector=collector, device_mesh=device_mesh)
+    def submit(self, call):
+        done = self.inner.submit(call)
         return SumForMeanCall(done.results, done.failures)
 
 
 class FirstOnAllGroup(Wrapped):
-    def submit(self, method, calls, *, collector=None, device_mesh=None):
-        if len(calls) == 1 and self.size > 1:
-            one = calls[0]
-            calls = [WorkerCall(rank, one.args, one.kwargs) for rank in range(self.size)]
-        return self.inner.submit(method, calls, collector=collector, device_mesh=device_mesh)
+    def submit(self, call):
+        if len(call.calls) == 1 and self.size > 1:
+            one = call.calls[0]
+            call.calls = [WorkerCall(rank, one.args, one.kwargs) for rank in range(self.size)]
+        return self.inner.submit(call)
 
 
 class SumForMean(InProcessBackend):
@@ -134,7 +134,8 @@ def test_the_kit_has_at_least_twenty_named_checks():
         "collect_last_pp", "collect_concat", "collect_callable", "collect_dict_per_key",
         "collect_tuple_elementwise", "device_mesh_keyword", "device_mesh_positional",
         "device_mesh_default", "lazy_to_group_of_other_size", "lazy_to_constructor",
-        "lazy_nested_in_arguments", "iterate_remote_loader", "seeded_random",
+        "lazy_nested_in_arguments", "dispatcher_raising_leaves_nothing_behind",
+        "iterate_remote_loader", "seeded_random",
         "error_value_error", "error_key_error", "error_os_error", "error_two_arg_init",
         "error_unpicklable_attribute", "timeout_per_method", "dispatch_wrong_share_count",
         "mesh_dp2_tp2_slice_dp", "mesh_dp2_tp2_reductions",

@@ -123,3 +123,20 @@ def test_examples_use_only_the_top_level_api():
                     if a.name.startswith("twinkle_") and a.name != "twinkle_core"
                 ]
     assert offenders == [], offenders
+
+
+def test_every_private_module_of_twinkle_local_is_forbidden_to_other_plugins():
+    """Other plugins reach twinkle-local only through its public `torchkit` (the torch-level
+    pieces defined once): the `plugins-use-public-plugin-modules` contract lists the rest."""
+    folder = ROOT / "twinkle_local" / "twinkle_local"
+    private = {
+        f"twinkle_local.{p.stem}"
+        for p in folder.glob("*.py")
+        if p.stem not in ("__init__", "torchkit")
+    }
+    listed = _contract("plugins-use-public-plugin-modules", "forbidden_modules")
+    assert private, "no twinkle_local modules found"
+    assert listed == private, (
+        "update plugins-use-public-plugin-modules in .importlinter: "
+        f"missing {sorted(private - listed)}, stale {sorted(listed - private)}"
+    )

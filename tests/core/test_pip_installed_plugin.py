@@ -21,7 +21,7 @@ build-backend = "setuptools.build_meta"
 [project]
 name = "twinkle-reverse"
 version = "0.3.0"
-dependencies = ["twinkle-core>=0.2,<0.3"]
+dependencies = ["twinkle-core>=0.3,<0.4"]
 
 [project.entry-points.twinkle]
 reverse = "twinkle_reverse"

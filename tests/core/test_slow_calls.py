@@ -38,10 +38,10 @@ class _Held(PendingCall):
 
 
 class _Group(WorkerGroup):
-    def submit(self, method, calls, *, collector=None, device_mesh=None):
-        if method == "slow":
-            return _Held(self.release, len(calls))
-        return CompletedCall([None] * len(calls))
+    def submit(self, call):
+        if call.method == "slow":
+            return _Held(self.release, len(call.calls))
+        return CompletedCall([None] * len(call.calls))
 
 
 class _Backend(ExecutionBackend):

@@ -41,8 +41,8 @@ DRIVER = textwrap.dedent(
             return [7] * self.n
 
     class Group(WorkerGroup):
-        def submit(self, method, calls, *, collector=None, device_mesh=None):
-            return Held(len(calls))
+        def submit(self, call):
+            return Held(len(call.calls))
 
     class Backend(ExecutionBackend):
         name = "held"

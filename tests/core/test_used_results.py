@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from twinkle_core import DeviceMesh
-from twinkle_core.plugin import BUILTIN_COLLECTORS, Collector
+from twinkle_core.collect import BUILTIN_COLLECTORS, Collector
 
 
 def _plain(value):

@@ -1,4 +1,5 @@
-"""`init_distributed` and `to_torch_device_mesh` in a real one-process gloo world.
+"""`twinkle_core.init_distributed` (answered by twinkle-local from torchrun's environment) and
+`to_torch_device_mesh` in a real one-process gloo world.
 
 Multi-rank meshes are checked inside the torchrun job of test_torchrun.py.
 """
@@ -14,9 +15,9 @@ import torch
 import torch.distributed as dist
 from _support.net import free_port
 
-from twinkle_core import ConfigurationError, DeviceMesh
-from twinkle_local import init_distributed, to_torch_device_mesh
-from twinkle_local.distributed import as_timeout
+from twinkle_core import ConfigurationError, DeviceMesh, init_distributed
+from twinkle_core.plugin import as_timeout
+from twinkle_local import to_torch_device_mesh
 
 
 @pytest.fixture

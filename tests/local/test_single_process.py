@@ -199,7 +199,7 @@ def test_a_group_the_user_started_without_torchrun_variables():
         initialize("local", groups=[DeviceGroup("g", 1, "cpu")])
         try:
             backend = current_runtime().backend
-            assert backend.env.launched and backend.channel.distributed
+            assert backend.session.env.launched and backend.session.channel.distributed
             counter = Counter(1, remote_group="g")
             assert counter.add(2)() == 3
             assert backend.claim_notification("some failure") is True  # through the store

@@ -27,6 +27,7 @@ from twinkle_core import (
     shutdown,
 )
 from twinkle_core.dispatch import SliceDPDispatcher
+from twinkle_core.plugin import PreparedCall
 from twinkle_ray.shipping import Shipper
 from twinkle_ray.transfer import (
     RemoteArray,
@@ -173,14 +174,13 @@ def test_chained_argument_reaches_each_consumer_as_its_own_producer_shard(run):
     producer, consumer = run["producer"], run["consumer"]
     lazy = producer.square(np.arange(6))
     # The consumer group turns the LazyCollect into a placeholder over producer refs...
-    placeholder = _workers(consumer).resolve_argument(lazy)
+    placeholder = _workers(consumer).resolve_argument(lazy, PreparedCall("m"))
     assert isinstance(placeholder, RemoteArray) and len(placeholder) == 6
     shares = SliceDPDispatcher().dispatch((placeholder,), {}, 2, DeviceMesh.from_sizes(dp_size=2))
     pending = lazy.source.pending
     # ...so that consumer d's share is exactly producer d's result, nothing else.
     for d, (args, _) in enumerate(shares):
         assert [ref for ref, _, _ in args[0].parts] == [pending.value_refs[d]]
-    _workers(consumer)._local.placeholders = False
     # End to end: the same values as collecting on the driver first, each worker its shard.
     value = consumer.shift(producer.square(np.arange(6)))()
     assert value.tolist() == [0, 10, 40, 1090, 1160, 1250]
@@ -200,11 +200,26 @@ def test_chained_producer_results_never_reach_the_driver(run):
     assert all(isinstance(reply, Stored) for reply in pending._replies)
 
 
+def test_what_resolving_an_argument_learns_stays_on_that_call(run):
+    """The placeholder's bookkeeping lives on the call's PreparedCall, nowhere on the group or
+    the thread: a call that is never submitted (its dispatcher raised) leaves nothing behind,
+    and the next call of the group is submitted as a plain one."""
+    producer, consumer = run["producer"], run["consumer"]
+    workers = _workers(consumer)
+    dropped = PreparedCall("shift")
+    workers.resolve_argument(producer.square(np.arange(6)), dropped)
+    assert dropped.backend_data is not None  # what the submission would have needed
+    state = {k: v for k, v in vars(workers).items() if not k.startswith("_send_lock")}
+    assert not any("CallArguments" in type(v).__name__ for v in state.values())
+    plain = PreparedCall("shift")
+    assert plain.backend_data is None
+    assert consumer.shift(np.arange(4))().tolist() == [0, 10, 1020, 1030]
+
+
 def test_none_collected_results_stay_remote_and_arrive_as_a_list(run):
     producer, consumer = run["producer"], run["consumer"]
-    placeholder = _workers(consumer).resolve_argument(producer.tag())
+    placeholder = _workers(consumer).resolve_argument(producer.tag(), PreparedCall("m"))
     assert isinstance(placeholder, list) and all(isinstance(p, RemoteValue) for p in placeholder)
-    _workers(consumer)._local.placeholders = False
     assert consumer.tags(producer.tag())() == [["p0", "p1"], ["p0", "p1"]]
 
 
@@ -216,8 +231,10 @@ def test_chaining_into_a_group_of_another_size_and_other_collectors(run):
     assert single.shift(producer.square(np.arange(5)))().tolist() == [0, 1, 4, 9, 16]
     # A sum of numbers is combined on the consumer.
     assert single.plus(producer.total(np.arange(5)))() == ["float", 11.0]
-    assert isinstance(_workers(single).resolve_argument(producer.total([1, 2])), RemoteCollected)
-    _workers(single)._local.placeholders = False
+    assert isinstance(
+        _workers(single).resolve_argument(producer.total([1, 2]), PreparedCall("m")),
+        RemoteCollected,
+    )
 
 
 def test_a_shard_shared_by_peers_is_put_once_and_both_receive_it():

@@ -27,6 +27,7 @@ from twinkle_core import (
     shutdown,
 )
 from twinkle_core.dispatch import FunctionDispatcher, SliceDPDispatcher
+from twinkle_core.plugin import PreparedCall
 from twinkle_ray.transfer import (
     STORE_BYTES,
     RemoteArray,
@@ -247,8 +248,7 @@ def test_placeholders_mirror_the_structure_and_fetch_each_result_once(cluster):
         taker = Taker(remote_group="cons")
         workers = taker.__dict__["_twinkle_binding"].workers
         lazy = maker.weights(LARGE)
-        placeholder = workers.resolve_argument(lazy)
-        workers._local.placeholders = False
+        placeholder = workers.resolve_argument(lazy, PreparedCall("m"))
         replies = lazy.source.pending._replies
         assert all(isinstance(r, Stored) for r in replies)
         assert set(placeholder) == {"w", "b", "step"}
@@ -265,15 +265,15 @@ def test_placeholders_mirror_the_structure_and_fetch_each_result_once(cluster):
         )
         assert fetched["step"] == 3 and fetched["b"].dtype == torch.bfloat16
         # A mean of numbers is computed on the consumer.
-        total = workers.resolve_argument(maker.scalar(4))
-        workers._local.placeholders = False
+        total = workers.resolve_argument(maker.scalar(4), PreparedCall("m"))
         assert isinstance(total, RemoteCollected) and materialize(total) == 4.5
         # A custom dispatcher (when core names it) gets the collected value, not stand-ins.
         custom = FunctionDispatcher(lambda args, kwargs, n, mesh: [(args, kwargs)] * n)
-        whole = workers.resolve_argument(maker.weights(SMALL), dispatcher=custom)
+        whole = workers.resolve_argument(maker.weights(SMALL), PreparedCall("m", custom))
         assert isinstance(whole["w"], torch.Tensor) and whole["step"] == 3
-        builtin = workers.resolve_argument(maker.weights(SMALL), dispatcher=SliceDPDispatcher())
-        workers._local.placeholders = False
+        builtin = workers.resolve_argument(
+            maker.weights(SMALL), PreparedCall("m", SliceDPDispatcher())
+        )
         assert isinstance(builtin["w"], RemoteArray)
         # User code collecting it afterwards still gets the whole value.
         assert lazy()["step"] == 3

@@ -70,7 +70,7 @@ class Probe:
         import torch
         import torch.distributed as dist
 
-        from twinkle_ray import init_distributed
+        from twinkle_core import init_distributed
 
         init_distributed(backend="gloo", timeout=60)
         value = torch.tensor([float(get_worker_context().rank + 1)])

@@ -23,6 +23,8 @@ import ray.cloudpickle
 import torch
 from test_transport import ROWS, describe, replies, weights
 
+# Where the torch transports' hardware probes live (their one definition: twinkle-local's).
+import twinkle_local.transports as torch_transports
 from twinkle_core import (
     DeviceGroup,
     DeviceMesh,
@@ -70,10 +72,10 @@ class Producer:
         """Fake this worker's hardware probes: its tensors look like CUDA ones, NCCL absent."""
         if on:
             transports.tensor_device = lambda tensor: "cuda"
-            transports.cuda_probe = lambda: False
+            torch_transports.cuda_probe = lambda: False
         else:
             transports.tensor_device = _real_tensor_device
-            transports.cuda_probe = _real_cuda_probe
+            torch_transports.cuda_probe = _real_cuda_probe
         return True
 
     @remote_function(dispatch="all", collect="none")
@@ -82,7 +84,7 @@ class Producer:
 
 
 _real_tensor_device = transports.tensor_device
-_real_cuda_probe = transports.cuda_probe
+_real_cuda_probe = torch_transports.cuda_probe
 
 
 @remote_class()
@@ -272,9 +274,9 @@ def test_auto_rule_for_the_rdt_transports(monkeypatch):
         return transports.explain("auto", 64 * mb, device)
 
     assert {"cuda_ipc", "nixl"} <= set(transports.registered())
-    monkeypatch.setattr(transports, "cuda_probe", lambda: True)
+    monkeypatch.setattr(torch_transports, "cuda_probe", lambda: True)
     assert auto("cuda") == ("nccl", None)
-    monkeypatch.setattr(transports, "cuda_probe", lambda: False)
+    monkeypatch.setattr(torch_transports, "cuda_probe", lambda: False)
     assert auto("cuda") == ("nixl", None)
     assert transports.explain("nixl", 64 * mb, "cpu") == ("nixl", None)  # named: served
     monkeypatch.setattr(transports, "nixl_installed", lambda: False)

@@ -131,7 +131,8 @@ def test_pairs_of_undeclared_actors_get_no_rdt_transport():
 def test_hccl_is_carried_on_ray_for_npu_results(monkeypatch):
     """An NPU platform's tensors travel over HCCL like CUDA's over NCCL (only the hardware
     probe is faked: no NPU here); without one, a named hccl takes the object store."""
-    from twinkle_core.plugin import choose_transport
+    import twinkle_local.transports as torch_transports
+    from twinkle_core.transport import choose_transport
 
     registered = transports.registered()
     assert registered["hccl"] is transports.HcclTransport
@@ -139,7 +140,7 @@ def test_hccl_is_carried_on_ray_for_npu_results(monkeypatch):
     big = 64 << 20
     assert not transports.HcclTransport.is_available()
     assert choose_transport("hccl", big, "npu", "ray", registered) == "object_store"
-    monkeypatch.setattr(transports, "npu_probe", lambda: True)
+    monkeypatch.setattr(torch_transports, "npu_probe", lambda: True)
     assert choose_transport("auto", big, "npu", "ray", registered) == "hccl"
     held = transports.Held(None, "hccl", "k", None, 0, "", None, (), "npu", True)
 

@@ -20,6 +20,7 @@ import pytest
 import ray.cloudpickle
 import torch
 
+import twinkle_local.transports as torch_transports
 from twinkle_core import (
     DeviceGroup,
     DeviceMesh,
@@ -29,7 +30,7 @@ from twinkle_core import (
     remote_function,
     shutdown,
 )
-from twinkle_core.plugin import choose_transport
+from twinkle_core.transport import choose_transport
 from twinkle_ray import transports
 from twinkle_ray.transfer import Stored
 from twinkle_ray.transports import GROUPS, Held
@@ -232,14 +233,13 @@ def test_auto_picks_nccl_for_large_cuda_results_when_the_probe_says_so(monkeypat
     def choose(requested, nbytes, device, mode="ray"):
         return transports.explain(requested, nbytes, device, mode)[0]
 
-    monkeypatch.setattr(transports, "cuda_probe", lambda: True)
+    monkeypatch.setattr(torch_transports, "cuda_probe", lambda: True)
     assert choose("auto", 64 * mb, "cuda") == "nccl"
     assert choose("auto", 64 * 1024, "cuda") == "object_store"
     assert choose("auto", 64 * mb, "cpu") == "object_store"
-    assert choose("nccl", 64 * mb, "cuda", "local") == "object_store"
     assert choose("gloo", 64 * mb, "cpu") == "gloo"
     assert choose_transport("gloo", 64 * mb, "cpu", "ray", registered) == "gloo"
-    monkeypatch.setattr(transports, "cuda_probe", lambda: False)
+    monkeypatch.setattr(torch_transports, "cuda_probe", lambda: False)
     monkeypatch.setattr(transports, "nixl_installed", lambda: False)
     assert choose("auto", 64 * mb, "cuda") == "object_store"
 

@@ -35,6 +35,31 @@ class WorkerCall(NamedTuple):
     kwargs: dict
 
 
+class PreparedCall:
+    """One call on its way to a `WorkerGroup`, made by core for each call and dropped with it.
+
+    Core fills `method`, `dispatcher`, then (after dispatching) `calls`, `collector` and
+    `device_mesh`. What a backend learns while core resolves the call's LazyCollect arguments
+    (`WorkerGroup.resolve_argument`) it keeps in `backend_data`, and reads back in `submit`:
+    state that belongs to one call travels with that call, never in a thread-local or a
+    backend-wide memo, so a dispatcher that raises between the two leaves nothing behind.
+    """
+
+    __slots__ = ("backend_data", "calls", "collector", "device_mesh", "dispatcher", "method")
+
+    def __init__(self, method: str, dispatcher: Any = None) -> None:
+        self.method = method
+        self.dispatcher = dispatcher
+        self.calls: list[WorkerCall] = []
+        self.collector: Collector | None = None
+        self.device_mesh: DeviceMesh | None = None
+        #: Anything the backend keeps for this call between `resolve_argument` and `submit`.
+        self.backend_data: Any = None
+
+    def __repr__(self) -> str:
+        return f"PreparedCall({self.method!r}, {len(self.calls)} worker call(s))"
+
+
 @dataclass(frozen=True)
 class WorkerPlacement:
     """Where one worker runs: for `get_device_placement()`."""
@@ -67,6 +92,11 @@ class PendingCall(ABC):
         answer from that (Ray: one `ray.wait`). `twinkle_core.wait`, `as_completed` and the
         runtime's bookkeeping call it before they go through many calls. Does nothing by
         default: `done()` then answers each on its own."""
+
+    def trace_links(self) -> list[str] | None:
+        """The ids this call's workers record for their executions of it (e.g. Ray task
+        ids), so a trace draws arrows from the call to them; None by default."""
+        return None
 
     def succeeded(self) -> bool:
         """True when every worker is known to have finished without error, without fetching
@@ -123,25 +153,20 @@ class WorkerGroup(ABC):
         self.placements = placements or [WorkerPlacement(r) for r in range(size)]
 
     @abstractmethod
-    def submit(
-        self,
-        method: str,
-        calls: list[WorkerCall],
-        *,
-        collector: Collector | None = None,
-        device_mesh: DeviceMesh | None = None,
-    ) -> PendingCall:
-        """Start `method` on each call's worker; must not block on the workers' results.
+    def submit(self, call: PreparedCall) -> PendingCall:
+        """Start `call.method` on each of `call.calls`' workers; must not block on their results.
 
-        `collector` and `device_mesh` are how the results will be collected (given by core's
-        call pipeline), for backends that exchange results eagerly or reduce them in place.
+        `call.collector` and `call.device_mesh` are how the results will be collected, for
+        backends that exchange results eagerly or reduce them in place; `call.backend_data`
+        is what this group's `resolve_argument` kept for the call.
         """
 
-    def resolve_argument(self, value: LazyCollect, dispatcher: Any = None) -> Any:
-        """How a LazyCollect argument is handed to this group (default: its collected value).
+    def resolve_argument(self, value: LazyCollect, call: PreparedCall) -> Any:
+        """How a LazyCollect argument of `call` is handed to this group (default: its value).
 
-        `dispatcher` is the call's dispatcher: a backend that hands on stand-ins for values
-        not collected yet can tell whether the dispatcher will look inside them.
+        `call.dispatcher` is the call's dispatcher: a backend that hands on stand-ins for
+        values not collected yet can tell whether the dispatcher will look inside them, and
+        keeps what the submission needs in `call.backend_data`.
         """
         return value()
 
@@ -153,6 +178,13 @@ class ExecutionBackend(ABC):
 
     def __init__(self) -> None:
         self.config: RuntimeConfig | None = None
+        #: The run's failure-alert queue (`twinkle_core.plugin.AlertQueue`), None without a
+        #: notifier; given by core through `attach_alerts` when the run starts.
+        self.alerts: Any = None
+
+    def attach_alerts(self, alerts: Any) -> None:
+        """Core gives the backend the run's alert queue (or None), before any call is made."""
+        self.alerts = alerts
 
     def initialize(self, config: RuntimeConfig) -> None:
         """Prepare the mode; may add default groups to `config.groups`. Validate early."""
@@ -207,14 +239,24 @@ class ExecutionBackend(ABC):
         """Facts shown in the header of `get_device_placement()`."""
         return {}
 
+    def worker_stacks(self, workers: WorkerGroup | None, timeout: float) -> list[tuple[str, str]]:
+        """[(who, stack text)] of the workers in other processes (only `workers`' when given),
+        each asked for at most `timeout` s, for `dump_stacks()` and a timed-out call's note.
+        Empty by default: a backend whose workers share the driver's process has none."""
+        return []
+
+    def gather_trace(self, recorder: Any) -> None:
+        """Merge the events the workers' processes recorded into `recorder` (this process's
+        trace), before the run stops. Nothing by default (workers in this process record
+        straight into it)."""
+
     def flush_alerts(self, timeout: float) -> bool:
         """Wait (at most `timeout` s) until this process's queued failure alerts are sent.
 
         For backends that must keep a process alive until its alerts are out (e.g. before
         torchrun stops it). True when nothing is left to send.
         """
-        alerts = getattr(self, "_alerts", None)
-        return True if alerts is None else bool(alerts.flush(timeout))
+        return True if self.alerts is None else bool(self.alerts.flush(timeout))
 
 
 def read_options(

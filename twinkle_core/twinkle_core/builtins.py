@@ -27,3 +27,19 @@ def register_collectors(register) -> None:
 @hookimpl
 def register_platforms(register) -> None:
     register("cpu", "twinkle_core.platform:CpuPlatform")
+
+
+@hookimpl
+def twinkle_init_distributed(context, platform, backend, timeout) -> bool | None:
+    """In-process workers share the driver's process: one torch.distributed rank per worker
+    cannot exist there, so say so (instead of no plugin answering)."""
+    if context is None or context.mode != "inprocess":
+        return None
+    from .errors import ConfigurationError
+
+    raise ConfigurationError(
+        f"init_distributed(): group {context.group_name!r} runs in mode 'inprocess', where every "
+        "worker is an object in the driver's process, so torch.distributed cannot give each "
+        "its own rank. Run the same script with initialize(mode='local') under torchrun, or "
+        "initialize(mode='ray'); keep inprocess for code that does not set up a process group"
+    )

@@ -15,7 +15,7 @@ from . import runtime as _runtime
 from . import slow_calls as _slow_calls
 from . import stacks as _stacks
 from . import trace as _trace
-from .backend import WorkerCall, WorkerGroup
+from .backend import PreparedCall, WorkerCall, WorkerGroup
 from .callsite import CallSite
 from .collect import Collector, as_collector
 from .context import get_worker_context
@@ -146,8 +146,8 @@ def resolve_lazy_values(value: Any) -> Any:
     return replace_lazy(value, lambda lazy: lazy())
 
 
-def _resolve_lazy(value: Any, workers: WorkerGroup, dispatcher: Dispatcher) -> Any:
-    return replace_lazy(value, lambda lazy: workers.resolve_argument(lazy, dispatcher))
+def _resolve_lazy(value: Any, workers: WorkerGroup, prepared: PreparedCall) -> Any:
+    return replace_lazy(value, lambda lazy: workers.resolve_argument(lazy, prepared))
 
 
 def _strategy_name(strategy: Any) -> str:
@@ -283,10 +283,11 @@ def invoke(
     if rec is not None:
         call_id, traced_at = rec.begin_call()
     targets = target_ranks(spec.execute, workers)
+    prepared = PreparedCall(spec.name, dispatcher)
     if args:
-        args = _resolve_lazy(args, workers, dispatcher)
+        args = _resolve_lazy(args, workers, prepared)
     if kwargs:
-        kwargs = _resolve_lazy(kwargs, workers, dispatcher)
+        kwargs = _resolve_lazy(kwargs, workers, prepared)
     mesh = call_mesh(targets, workers)
     per_worker = dispatcher.dispatch(args, kwargs, len(targets), mesh)
     if not isinstance(per_worker, list) or len(per_worker) != len(targets):
@@ -301,8 +302,9 @@ def invoke(
         )  # each call its own kwargs dict: a backend may fill it
         for rank, (a, k) in zip(targets, per_worker, strict=True)
     ]
+    prepared.calls, prepared.collector, prepared.device_mesh = calls, collector, mesh
     started = time.monotonic()
-    pending = workers.submit(spec.name, calls, collector=collector, device_mesh=mesh)
+    pending = workers.submit(prepared)
     if rec is not None:
         on_driver = get_worker_context() is None  # calls inside workers: no driver track
         name, links = f"{workers.class_name}.{spec.name}", _trace.links_of(pending)

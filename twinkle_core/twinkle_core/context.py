@@ -39,6 +39,9 @@ class WorkerContext:
     node_id: str | None = None
     device_type: str = "cpu"
     device_ids: tuple[int, ...] = ()
+    #: The backend running this worker (`initialize(mode=...)`'s name, e.g. "ray"): how a
+    #: plugin answering a worker-side hook (`twinkle_init_distributed`) knows it is its own.
+    mode: str = ""
     #: The collective groups this worker is a member of (see `collective()`).
     collectives: Memberships = field(default_factory=Memberships, compare=False, repr=False)
 

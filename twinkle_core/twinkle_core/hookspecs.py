@@ -70,6 +70,21 @@ def twinkle_doctor_probe(backend: str, address: str, timeout: float) -> dict[str
     """
 
 
+@hookspec(firstresult=True)
+def twinkle_init_distributed(
+    context: Any, platform: Any, backend: str, timeout: Any
+) -> bool | None:
+    """Set up torch.distributed's default group for the worker `context` runs (the
+    `WorkerContext`, or None outside any worker), for `twinkle_core.init_distributed()`.
+
+    Return None unless the worker is yours (`context.mode` is your backend's name). Otherwise
+    create the group with `backend` ("nccl", "hccl", "gloo": already resolved from
+    `platform`, an `AcceleratorPlatform`) and `timeout` (a `datetime.timedelta`), making the
+    worker's device current first on an accelerator; return True, or False when the process
+    already had a default group (leave it as it is).
+    """
+
+
 @hookspec
 def twinkle_seed(seed: int, full_determinism: bool) -> None:
     """Seed the random generators of a library twinkle does not import itself (e.g. torch)."""

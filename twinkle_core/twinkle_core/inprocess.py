@@ -17,6 +17,7 @@ from .backend import (
     CompletedCall,
     ExecutionBackend,
     PendingCall,
+    PreparedCall,
     WorkerCall,
     WorkerGroup,
     WorkerPlacement,
@@ -53,16 +54,9 @@ class InProcessWorkerGroup(WorkerGroup):
         #: The backend's lock: one call at a time runs in this process (see InProcessBackend).
         self.lock = lock
 
-    def submit(
-        self,
-        method: str,
-        calls: list[WorkerCall],
-        *,
-        collector: Any = None,
-        device_mesh: DeviceMesh | None = None,
-    ) -> PendingCall:
+    def submit(self, call: PreparedCall) -> PendingCall:
         with self.lock:
-            return self._run_all(method, calls)
+            return self._run_all(call.method, call.calls)
 
     def _run_all(self, method: str, calls: list[WorkerCall]) -> PendingCall:
         results: list[Any] = []
@@ -137,6 +131,7 @@ class InProcessBackend(ExecutionBackend):
                 node_id=self.node,
                 device_type=group.device_type,
                 device_ids=tuple(group.worker_ranks(rank)),
+                mode=self.name,
             )
             # A fresh worker process starts from the run's seed; so does each instance.
             a, k = copy.deepcopy((args, kwargs)) if self.isolate else (args, kwargs)

@@ -1,40 +1,31 @@
-"""The plugin-author API: everything a backend, dispatcher, collector, platform or notifier
-plugin needs, and nothing a driver script needs.
+"""The plugin-author API: everything a backend, dispatcher, collector, platform, transport or
+notifier plugin needs, and nothing a driver script needs.
 
-Plugins import only `twinkle_core` (the user API), this module and `twinkle_core.testing`;
-the lint suite holds them to it with import-linter contracts. Every name here is documented
-in docs/plugins.md.
-
-- Hooks: `hookimpl` marks implementations of the hooks in `twinkle_core.hookspecs`.
-- Interfaces: `ExecutionBackend` with `WorkerGroup`, `PendingCall`, `CompletedCall`,
-  `WorkerCall` and `WorkerPlacement`; `Dispatcher`; `Collector` (and the built-in ones, for
-  backends that treat them specially); `AcceleratorPlatform`; `Notifier`.
-- Helpers every backend shares: `WorkerState` (run as a worker with its context and random
-  generators), `run_method` and `worker_failure` (a user exception as a `WorkerFailure`
-  record), `WorkersFailedError` (raised by a pending call), `portable_exception` (send any
-  exception between processes), `add_note`, `read_options` (backend options with a clear
-  error for unknown ones), seeding, the worker context, `representatives` and `call_mesh`.
+Plugins import only `twinkle_core` (the user API), this module and `twinkle_core.testing`
+(the conformance kit); import-linter contracts hold them to it. Every name here is used by a
+plugin twinkle ships or by the conformance kit, and is described in docs/plugins.md
+("The plugin API"), which tests/core/test_plugin_api.py checks. Hooks are the only registry:
+what a backend adds to a core feature (worker stacks, trace events, a cluster probe,
+torch.distributed set-up) it gives through a hook or a method of its interface, never by
+registering a function with a core module at import time.
 """
 
 from __future__ import annotations
 
-import warnings
-from typing import Any
+from types import MappingProxyType
 
-from . import stacks
-from . import trace as tracing
 from .backend import (
     CompletedCall,
     ExecutionBackend,
     PendingCall,
+    PreparedCall,
     WorkerCall,
     WorkerGroup,
     WorkerPlacement,
-    read_options,
 )
-from .calls import call_mesh, replace_lazy
+from .calls import call_mesh
+from .callsite import user_call_site, user_stack
 from .collect import (
-    BUILTIN_COLLECTORS,
     Collector,
     ConcatCollector,
     FirstCollector,
@@ -43,7 +34,6 @@ from .collect import (
     MeanCollector,
     NoneCollector,
     SumCollector,
-    as_collector,
     flatten_lists,
     representatives,
 )
@@ -58,43 +48,47 @@ from .collective import (
     check_src,
 )
 from .context import WorkerContext, set_process_worker_context, worker_context
-from .dispatch import BUILTIN_DISPATCHERS, Dispatcher, as_dispatcher
+from .dispatch import BUILTIN_DISPATCHERS as _BUILTIN_DISPATCHERS
+from .dispatch import Dispatcher
+from .distributed import as_timeout, resolve_platform
 from .failures import (
-    CallFailure,
     WorkerFailure,
     WorkersFailedError,
     add_note,
     format_remote_traceback,
-    tag_call_site,
 )
 from .hookspecs import hookimpl
 from .notify import Notifier
 from .platform import AcceleratorPlatform, CpuPlatform, detect_platform, get_platform
 from .plugins import get_plugin, registered_names
-from .portable import PortableException, RemoteError, portable_exception, rebuilt
-from .runtime import RuntimeConfig
+from .portable import PortableException, portable_exception, rebuilt
+from .remote import method_options
 from .seeding import get_rng_state, seed_everything, set_rng_state
-from .sensitive import secret_env_patterns
+from .sensitive import looks_secret, secret_env_patterns
 from .slow_calls import waiting_for
-from .structure import combine, is_array_like, torch_module
+from .stacks import thread_stacks
+from .structure import combine, is_array_like
+from .trace import now_ns, recorder
+from .trace import start_worker as start_worker_trace
+from .trace import worker_wanted as worker_trace_wanted
 from .transport import (
     AUTO,
     OBJECT_STORE,
     Transport,
-    choose_transport,
     explain_transport,
     note_fallback,
-    transports_for,
+    registered_transports,
 )
 from .worker import WorkerState, exit_error, run_method, worker_failure
 
+#: The built-in dispatchers by name (read-only).
+BUILTIN_DISPATCHERS = MappingProxyType(_BUILTIN_DISPATCHERS)
+
 __all__ = [
     "AUTO",
-    "BUILTIN_COLLECTORS",
     "BUILTIN_DISPATCHERS",
     "OBJECT_STORE",
     "AcceleratorPlatform",
-    "CallFailure",
     "Collective",
     "CollectiveGroup",
     "CollectiveMember",
@@ -113,9 +107,8 @@ __all__ = [
     "Notifier",
     "PendingCall",
     "PortableException",
+    "PreparedCall",
     "ProcessLink",
-    "RemoteError",
-    "RuntimeConfig",
     "SumCollector",
     "Transport",
     "WorkerCall",
@@ -126,13 +119,11 @@ __all__ = [
     "WorkerState",
     "WorkersFailedError",
     "add_note",
-    "as_collector",
-    "as_dispatcher",
     "as_tensor_list",
+    "as_timeout",
     "call_mesh",
     "check_op",
     "check_src",
-    "choose_transport",
     "combine",
     "detect_platform",
     "exit_error",
@@ -144,49 +135,28 @@ __all__ = [
     "get_rng_state",
     "hookimpl",
     "is_array_like",
+    "looks_secret",
+    "method_options",
     "note_fallback",
+    "now_ns",
     "portable_exception",
-    "read_options",
     "rebuilt",
+    "recorder",
     "registered_names",
-    "replace_lazy",
+    "registered_transports",
     "representatives",
+    "resolve_platform",
     "run_method",
     "secret_env_patterns",
     "seed_everything",
     "set_process_worker_context",
     "set_rng_state",
-    "stacks",
-    "tag_call_site",
-    "torch_module",
-    "tracing",
-    "transports_for",
+    "start_worker_trace",
+    "thread_stacks",
+    "user_call_site",
+    "user_stack",
     "waiting_for",
     "worker_context",
     "worker_failure",
+    "worker_trace_wanted",
 ]
-
-#: Names renamed in 0.2 (records end in Failure, exceptions in Error), kept for one release.
-DEPRECATED_ALIASES = {
-    "RankFailure": "WorkerFailure",
-    "RemoteFailure": "CallFailure",
-    "WorkerErrors": "WorkersFailedError",
-}
-
-
-def deprecated_alias(module: str, name: str) -> Any:
-    """The new object for an old name, with a `DeprecationWarning` naming the new one."""
-    new = DEPRECATED_ALIASES[name]
-    warnings.warn(
-        f"{module}.{name} is deprecated and will be removed in twinkle-core 0.3; use "
-        f"twinkle_core.plugin.{new}",
-        DeprecationWarning,
-        stacklevel=3,
-    )
-    return globals()[new]
-
-
-def __getattr__(name: str) -> Any:
-    if name in DEPRECATED_ALIASES:
-        return deprecated_alias(__name__, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

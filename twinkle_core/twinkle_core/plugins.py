@@ -365,17 +365,9 @@ class PluginSystem:
         return self.ensure_loaded().pm.hook
 
 
-#: Kinds whose names several plugins may register, each for its own modes (a transport named
-#: `gloo` is carried one way on Ray and another under torchrun): `transport.transports_for`
-#: picks per mode, `get_plugin` returns the first.
-SHARED_NAME_KINDS = ("transports",)
-
-
 def _conflict(kind: str, name: str, regs: list[Registration]) -> str | None:
     plain = [r for r in regs if not r.override]
     overrides = [r for r in regs if r.override]
-    if kind in SHARED_NAME_KINDS:
-        plain = plain[:1]
     clash = overrides if len(overrides) > 1 else plain if len(plain) > 1 else None
     if not clash:
         return None

@@ -122,12 +122,20 @@ def remote_function(
     return decorate
 
 
+def method_options(cls: type, method: str) -> MethodSpec | None:
+    """What `@remote_function` declared on `cls.method` (dispatch, collect, timeout,
+    transport, writable_args, ...), or None for a method without it. The one reader of
+    those options: backends ask here, never for the attribute core stores them under."""
+    spec = getattr(getattr(cls, method, None), SPEC_ATTR, None)
+    return spec if isinstance(spec, MethodSpec) else None
+
+
 def remote_specs(cls: type) -> dict[str, MethodSpec]:
     """The remote-function specs of a class, by method name."""
     out = {}
     for name in dir(cls):
-        spec = getattr(getattr(cls, name, None), SPEC_ATTR, None)
-        if isinstance(spec, MethodSpec):
+        spec = method_options(cls, name)
+        if spec is not None:
             out[name] = spec
     return out
 

@@ -73,7 +73,7 @@ class Runtime:
         self.config = config
         self.backend = backend
         self.alerts = AlertQueue(config.notifier) if config.notifier is not None else None
-        backend._alerts = self.alerts  # type: ignore[attr-defined]  # for flush_alerts()
+        backend.attach_alerts(self.alerts)
         self.bound: list[BoundClass] = []
         #: Calls watched for failures nobody collects (`track`), oldest first.
         self._pending: deque[TrackedCall] = deque()

@@ -20,7 +20,6 @@ import signal
 import sys
 import threading
 import traceback
-from collections.abc import Callable
 from typing import Any
 
 log = logging.getLogger("twinkle.stacks")
@@ -34,16 +33,6 @@ NOTE_MIN_TIMEOUT_S = 1.0
 QUIET_THREADS = ("ray_", "PythonGCThread", "twinkle-")
 #: Frames of Ray's own task loop above the user's code: left out of stacks.
 HIDDEN_FILES = ("/ray/_private/", "/ray/util/tracing/", "/ray/_raylet")
-
-#: Sources of worker stacks in other processes: fn(backend, workers or None, timeout) ->
-#: [(who, stack text)], where `workers` limits the answer to one WorkerGroup.
-_sources: list[Callable[[Any, Any, float], list[tuple[str, str]]]] = []
-
-
-def add_source(fn: Callable[[Any, Any, float], list[tuple[str, str]]]) -> None:
-    """Register a backend's source of worker stacks (idempotent)."""
-    if fn not in _sources:
-        _sources.append(fn)
 
 
 def format_stack(frame: Any, limit: int = MAX_FRAMES) -> str:
@@ -114,11 +103,10 @@ def collect(
     runtime = current_runtime_or_none()
     backend = runtime.backend if runtime is not None else None
     if backend is not None:
-        for source in list(_sources):
-            try:
-                entries += source(backend, workers, timeout)
-            except Exception as exc:  # a debugging aid must not fail
-                entries.append((f"({type(exc).__name__} while asking workers)", str(exc)))
+        try:
+            entries += backend.worker_stacks(workers, timeout)
+        except Exception as exc:  # a debugging aid must not fail
+            entries.append((f"({type(exc).__name__} while asking workers)", str(exc)))
     return entries
 
 

@@ -256,8 +256,6 @@ class Recorder:
 #: The recorder of this process, or None when tracing is off (the off path checks only this).
 RECORDER: Recorder | None = None
 
-_gatherers: list[Callable[[Recorder, Any], None]] = []
-_linkers: list[Callable[[Any], list[str] | None]] = []
 _saved_env: str | None = None
 
 
@@ -294,42 +292,32 @@ def worker_wanted() -> bool:
     return os.environ.get(WORKER_ENV) == "1"
 
 
-def add_gatherer(fn: Callable[[Recorder, Any], None]) -> None:
-    """Run `fn(recorder, backend)` before the backend stops, to merge other processes'
-    events (registered once, by a backend's module; it ignores backends not its own)."""
-    if fn not in _gatherers:
-        _gatherers.append(fn)
-
-
-def add_linker(fn: Callable[[Any], list[str] | None]) -> None:
-    """`fn(pending_call)` gives the ids a backend's workers record for their executions of
-    that call (e.g. Ray task ids), to draw arrows from a call to its executions."""
-    if fn not in _linkers:
-        _linkers.append(fn)
+def recorder() -> Recorder | None:
+    """This process's recorder, or None when tracing is off (for backends: a function, so
+    the process-wide variable itself is never shared)."""
+    return RECORDER
 
 
 def links_of(pending: Any) -> list[str] | None:
-    for fn in _linkers:
-        try:
-            ids = fn(pending)
-        except Exception as exc:  # a tracing aid must never fail a call
-            log.debug("twinkle: a trace linker failed: %s", exc)
-            continue
-        if ids:
-            return ids
-    return None
+    """The ids a backend's workers record for their executions of `pending`
+    (`PendingCall.trace_links`), to draw arrows from a call to its executions."""
+    try:
+        return pending.trace_links()  # type: ignore[no-any-return]
+    except Exception as exc:  # a tracing aid must never fail a call
+        log.debug("twinkle: trace links of %r failed: %s", pending, exc)
+        return None
 
 
 def gather(backend: Any) -> None:
-    """Merge the other processes' events into this one's (before `backend` stops)."""
+    """Merge the other processes' events into this one's (before `backend` stops), through
+    the backend's `ExecutionBackend.gather_trace`."""
     rec = RECORDER
     if rec is None:
         return
-    for fn in list(_gatherers):
-        try:
-            fn(rec, backend)
-        except Exception as exc:
-            log.warning("twinkle: could not gather trace events (%s): %s", fn, exc)
+    try:
+        backend.gather_trace(rec)
+    except Exception as exc:
+        log.warning("twinkle: could not gather trace events from %s: %s", backend.name, exc)
 
 
 def finish() -> str | None:

@@ -8,18 +8,23 @@ devices it serves and from what size it pays; `choose_transport` applies the `au
 
 - payloads under `AUTO_MIN_BYTES` (about 1 MB) stay on the object store, where a device-direct
   transfer is slower than the store's inline path;
-- a larger payload on a device uses the first registered transport serving that device and
-  backend;
+- a larger payload on a device uses the first registered transport serving that device that
+  the backend carries and lets `auto` pick;
 - otherwise the object store, with one log line per (method, reason): `auto` never fails where
   the object store would have worked.
 
-Only the selection lives in core; backends carry the payload.
+Only the selection lives in core; backends carry the payload. A transport says what it moves
+(device types, the torch.distributed backend that carries it, from what size it pays); each
+name is registered by one plugin. Which registered transports a backend can carry, and which
+of them `auto` may pick there, is the backend's to say (`carries`, `auto_picks` below): the
+torch.distributed transports `gloo`/`nccl`/`hccl` are one definition, carried by every backend
+that builds process groups between its groups.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, ClassVar
 
 from .errors import ConfigurationError
@@ -42,8 +47,6 @@ class Transport:
 
     #: Device types it moves tensors of, e.g. ("cuda",) for nccl, ("cpu",) for gloo.
     device_types: ClassVar[tuple[str, ...]] = ()
-    #: Backends (`initialize(mode=...)`) that can carry it, e.g. ("ray",).
-    modes: ClassVar[tuple[str, ...]] = ()
     #: Payloads smaller than this go to the object store under `auto`.
     min_bytes: ClassVar[int] = AUTO_MIN_BYTES
     #: Device types `auto` may pick it for; None: all of `device_types`. (Ray's `nixl` moves
@@ -51,8 +54,8 @@ class Transport:
     auto_device_types: ClassVar[tuple[str, ...] | None] = None
     #: The torch.distributed backend that carries it point to point ("gloo", "nccl", "hccl"),
     #: or "" when it is carried some other way (e.g. Ray Direct Transport). A backend that
-    #: builds its own process groups between groups (the Ray backend) carries every transport that
-    #: names one, so a platform plugin registers e.g. `hccl` without knowing that backend.
+    #: builds process groups between its groups carries every transport that names one, so a
+    #: platform plugin registers e.g. `hccl` without knowing any backend.
     torch_backend: ClassVar[str] = ""
 
     @classmethod
@@ -61,8 +64,15 @@ class Transport:
         return True
 
     @classmethod
-    def serves(cls, device_type: str, mode: str) -> bool:
-        return device_type in cls.device_types and mode in cls.modes
+    def serves(cls, device_type: str) -> bool:
+        """Whether it moves tensors of `device_type`."""
+        return device_type in cls.device_types
+
+
+#: A backend's rule for which registered transports it can carry (default: all of them).
+Carries = Callable[[type[Transport]], bool]
+#: A backend's rule for whether `auto` may pick a transport for a device type there.
+AutoPicks = Callable[[type[Transport], str], bool]
 
 
 def check_transport(value: Any, argument: str = "remote_function(transport=...)") -> str:
@@ -97,48 +107,19 @@ def check_registered(value: str, argument: str) -> str:
     return check_known(value, names, argument)
 
 
-def transports_for(mode: str) -> dict[str, type[Transport]]:
-    """Every registered transport by name, as backend `mode` sees it (sorted by name).
-
-    Several plugins may register one name, each for the modes it carries (the Ray backend's `gloo`
-    for mode 'ray', the torchrun backend's for 'local'): for each name, the first registration whose
-    class lists `mode` in its `modes`, else the first that loads (whose `serves` then says no,
-    and the `auto` rule falls back). A registration that fails to import is skipped.
-    """
+def registered_transports() -> dict[str, type[Transport]]:
+    """Every registered transport by name (sorted); one that fails to import is left out,
+    with a debug line: a broken plugin must not stop a result from travelling."""
     from .plugins import plugin_system
 
     system = plugin_system()
     out: dict[str, type[Transport]] = {}
     for name in system.names("transports"):
-        first: Any = None
-        carriers: list[str] = []  # plugins whose class for `name` lists `mode`
-        for reg in system.registrations("transports", name):
-            try:
-                cls = reg.load()
-            except Exception as exc:  # a broken plugin must not stop a result from travelling
-                log.debug("twinkle: transport %r of plugin %r: %s", name, reg.plugin, exc)
-                continue
-            if mode in getattr(cls, "modes", ()):
-                if not carriers:
-                    first = cls
-                carriers.append(reg.plugin)
-            elif first is None:
-                first = cls
-        if len(carriers) > 1 and (name, mode) not in _doubled:
-            _doubled.add((name, mode))
-            log.warning(
-                "twinkle: transport %r is registered for mode %r by %s; using the first. "
-                "Uninstall one, or disable one with TWINKLE_PLUGINS=<names to load>",
-                name,
-                mode,
-                " and ".join(repr(p) for p in carriers),
-            )
-        if first is not None:
-            out[name] = first
+        try:
+            out[name] = system.get("transports", name)
+        except Exception as exc:
+            log.debug("twinkle: transport %r could not be loaded: %s", name, exc)
     return out
-
-
-_doubled: set[tuple[str, str]] = set()
 
 
 _logged: set[tuple[str, str]] = set()
@@ -152,14 +133,18 @@ def choose_transport(
     registered: dict[str, type[Transport]],
     *,
     method: str = "",
+    carries: Carries | None = None,
+    auto_picks: AutoPicks | None = None,
 ) -> str:
     """The transport a result of `nbytes` bytes on `device_type` takes in `mode`.
 
     `requested` is the method's `transport=`; a named transport that cannot carry this payload
     falls back to the object store like `auto` does (with one log line), since the object store
-    always works.
+    always works. `carries` and `auto_picks` are the backend's rules (see the module docstring).
     """
-    name, why = explain_transport(requested, nbytes, device_type, mode, registered)
+    name, why = explain_transport(
+        requested, nbytes, device_type, mode, registered, carries=carries, auto_picks=auto_picks
+    )
     if why is not None:
         note_fallback(method, why)
     return name
@@ -171,15 +156,22 @@ def explain_transport(
     device_type: str,
     mode: str,
     registered: dict[str, type[Transport]],
+    *,
+    carries: Carries | None = None,
+    auto_picks: AutoPicks | None = None,
 ) -> tuple[str, str | None]:
     """`choose_transport` without logging: (the transport, why the object store was taken
     instead, or None). For backends that decide where the payload is (a worker) and log where
     the user looks (the driver, with `note_fallback`)."""
     if requested == OBJECT_STORE:
         return OBJECT_STORE, None
+
+    def usable(cls: type[Transport]) -> bool:
+        return cls.serves(device_type) and (carries is None or carries(cls)) and cls.is_available()
+
     if requested != AUTO:
         cls = registered.get(requested)
-        if cls is not None and cls.serves(device_type, mode) and cls.is_available():
+        if cls is not None and usable(cls):
             return requested, None
         why = f"transport {requested!r} cannot move {device_type} tensors in mode {mode!r}"
         return OBJECT_STORE, why
@@ -189,7 +181,9 @@ def explain_transport(
         only = getattr(cls, "auto_device_types", None)
         if only is not None and device_type not in only:
             continue
-        if nbytes >= cls.min_bytes and cls.serves(device_type, mode) and cls.is_available():
+        if auto_picks is not None and not auto_picks(cls, device_type):
+            continue
+        if nbytes >= cls.min_bytes and usable(cls):
             return name, None
     if device_type != "cpu":
         return OBJECT_STORE, f"no device-direct transport for {device_type} in mode {mode!r}"

@@ -114,8 +114,14 @@ def run_method(
     While a trace is recorded (`twinkle_core.trace`), the execution is recorded as one event.
     """
     rec = _trace.RECORDER
-    if rec is not None:
-        return _run_traced(rec, instance, method, args, kwargs, rank=rank, node=node)
+    if rec is None:
+        return _run_plain(instance, method, args, kwargs, rank, node)
+    return _run_traced(rec, instance, method, args, kwargs, rank=rank, node=node)
+
+
+def _run_plain(
+    instance: Any, method: str, args: tuple, kwargs: dict, rank: int, node: str | None
+) -> tuple[bool, Any]:
     try:
         return True, getattr(instance, method)(*args, **kwargs)
     except Exception as exc:
@@ -140,11 +146,7 @@ def _run_traced(
     call = rec.current_call()
     start = _trace.now_ns()
     try:
-        return True, getattr(instance, method)(*args, **kwargs)
-    except Exception as exc:
-        return False, worker_failure(rank, exc, node)
-    except SystemExit as exc:
-        return False, worker_failure(rank, exit_error(exc, method, rank), node)
+        return _run_plain(instance, method, args, kwargs, rank, node)
     finally:
         name = f"{type(instance).__name__}.{method}"
         rec.worker_finished(name, group, rank, node, start, call)

@@ -10,7 +10,7 @@ from importlib.metadata import version as _dist_version
 __version__ = _dist_version("twinkle-local")  # written once: in pyproject.toml
 
 from .backend import LocalBackend
-from .distributed import init_distributed, to_torch_device_mesh
+from .distributed import to_torch_device_mesh
 from .platforms import CudaPlatform, MpsPlatform, NpuPlatform, TorchCpuPlatform
 
 __all__ = [
@@ -20,6 +20,5 @@ __all__ = [
     "NpuPlatform",
     "TorchCpuPlatform",
     "__version__",
-    "init_distributed",
     "to_torch_device_mesh",
 ]

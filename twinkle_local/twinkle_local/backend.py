@@ -24,15 +24,13 @@ from twinkle_core.plugin import (
     ExecutionBackend,
     WorkerGroup,
     detect_platform,
-    tracing,
+    user_call_site,
 )
 
 from . import collective as local_collective
 from . import tracing as local_tracing
 from .agreement import agree
 from .alert_election import AlertElection
-from .callsite import driver_call_site
-from .channel import ControlChannel
 from .construction import construct, placements, raise_construction, worker_context
 from .env import TorchrunEnv
 from .exchange import KIND_CONSTRUCT, CallInfo, Exchange
@@ -43,7 +41,6 @@ from .planning import plan
 from .process_groups import ProcessGroups
 from .rng import RngSwitch
 from .session import Session
-from .shared_arguments import SharedArguments
 from .signals import AlertFlushOnTerm
 from .watchdog import Watchdog
 from .workers import LocalWorkerGroup
@@ -61,23 +58,9 @@ class LocalBackend(ExecutionBackend):
         self.groups = ProcessGroups(session)
         self.watchdog = Watchdog(session)
         self.exchanges = ExchangeQueue(session, self.watchdog, self.groups)
-        self.shared = SharedArguments()
         self.election = AlertElection(session)
         self.rng: RngSwitch | None = None
         self._on_term: AlertFlushOnTerm | None = None
-
-    # ----------------------------------------------------------------- read by tests' jobs
-    @property
-    def env(self) -> TorchrunEnv:
-        return self.session.env
-
-    @property
-    def channel(self) -> ControlChannel:
-        return self.session.channel
-
-    @property
-    def _owns_default_group(self) -> bool:
-        return self.groups.owns_default_group
 
     # ----------------------------------------------------------------- start
     def initialize(self, config) -> None:
@@ -134,7 +117,7 @@ class LocalBackend(ExecutionBackend):
             )
         where = placements(session, group, num_workers)
         label = f"{cls.__name__}(remote_group={group.name!r})"
-        site = driver_call_site()
+        site = str(user_call_site())
         instance, state, failure = None, None, None
         with exchanges.lock:
             exchanges.drain(None)
@@ -220,7 +203,7 @@ class LocalBackend(ExecutionBackend):
             session.closed = True
             try:
                 # Core's alert queue (set by core) bounds the others' wait for the sender.
-                self.election.settle(self._flush_alerts, getattr(self, "_alerts", None))
+                self.election.settle(self._flush_alerts, self.alerts)
             finally:
                 self.watchdog.stop()
                 if self._on_term is not None:
@@ -238,6 +221,10 @@ class LocalBackend(ExecutionBackend):
         self.exchanges.finish_open(min(session.timeout_s, session.notify_wait))
         leave_shutdown_note(session.channel, session.env.rank, self.exchanges.sequence)
 
+    def gather_trace(self, recorder: Any) -> None:
+        """Every process's trace events to rank 0, which writes the trace (tracing.py)."""
+        local_tracing.gather(recorder, self.session, self.exchanges.broken)
+
     def describe(self) -> dict[str, Any]:
         session = self.session
         out: dict[str, Any] = {
@@ -250,12 +237,3 @@ class LocalBackend(ExecutionBackend):
         if session.channel.distributed:  # how each call's first exchange travels
             out["exchange"] = "unix-sockets" if session.channel.sockets is not None else "gloo"
         return out
-
-
-def _gather_trace(rec: Any, backend: Any) -> None:
-    """Core's trace gatherer for this backend: every process's events to rank 0."""
-    if isinstance(backend, LocalBackend):
-        local_tracing.gather(rec, backend.session, backend.exchanges.broken)
-
-
-tracing.add_gatherer(_gather_trace)

@@ -20,7 +20,9 @@ from twinkle_core.plugin import CollectiveGroup, MemberHub, ProcessLink
 log = logging.getLogger("twinkle")
 
 
-def _reduce_op(op: str) -> Any:
+def reduce_op(op: str) -> Any:
+    """torch.distributed's reduce op for a twinkle op name (mean is a sum, divided afterwards:
+    gloo has no AVG)."""
     import torch.distributed as dist
 
     return {
@@ -54,7 +56,7 @@ class SubgroupLink(ProcessLink):
         import torch.distributed as dist
 
         for t in tensors:
-            dist.all_reduce(t, op=_reduce_op(op), group=self.pg)
+            dist.all_reduce(t, op=reduce_op(op), group=self.pg)
             if op == "mean":
                 t.div_(self.size)
 

@@ -49,6 +49,7 @@ def worker_context(
         node_id=session.node,
         device_type=group.device_type,
         device_ids=_devices(session, group, env.rank),
+        mode="local",
     )
 
 

@@ -1,5 +1,6 @@
-"""torch.distributed helpers: start the process group with the platform's backend, and turn a
-twinkle `DeviceMesh` into torch's own `DeviceMesh`.
+"""torch.distributed under torchrun: the default group from torchrun's environment (what
+`twinkle_core.init_distributed()` does in mode 'local', through the `twinkle_init_distributed`
+hook), and a twinkle `DeviceMesh` as torch's own `DeviceMesh`.
 """
 
 from __future__ import annotations
@@ -9,76 +10,54 @@ import os
 from typing import Any
 
 from twinkle_core import ConfigurationError, DeviceMesh
-from twinkle_core.plugin import AcceleratorPlatform, detect_platform, get_platform
+from twinkle_core.plugin import AcceleratorPlatform, resolve_platform
 
-#: Default timeout of twinkle's process groups: long enough for slow checkpoints, as torch's own.
-DEFAULT_TIMEOUT_S = 1800.0
+#: The modes whose workers this plugin sets torch.distributed up for.
+MODES = ("local", "torchrun")
 
 # How many times this process started a default group; every process of a job starts them in
 # the same order, so the count names the store keys of each generation alike everywhere.
 _generation = 0
 
 
-def as_timeout(value: Any, argument: str = "timeout") -> datetime.timedelta:
-    """Accept seconds (int/float > 0) or a timedelta; a clear error otherwise."""
-    if isinstance(value, datetime.timedelta):
-        seconds = value.total_seconds()
-    elif isinstance(value, (int, float)) and not isinstance(value, bool):
-        seconds = float(value)
-    else:
-        seconds = -1.0
-    if seconds <= 0:
-        raise ConfigurationError(
-            f"{argument} must be a positive number of seconds or a datetime.timedelta, "
-            f"got {value!r}"
-        )
-    return datetime.timedelta(seconds=seconds)
+def answers_for(context: Any) -> bool:
+    """Whether `twinkle_init_distributed` is this plugin's to answer: a worker of mode 'local',
+    or a torchrun script outside any worker (torchrun's variables set)."""
+    if context is not None:
+        return context.mode in MODES
+    return all(os.environ.get(v) for v in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
 
 
-def resolve_platform(device_type: str | AcceleratorPlatform | None) -> AcceleratorPlatform:
-    """The platform for `device_type` (an alias, a platform, or None to auto-detect)."""
-    if isinstance(device_type, AcceleratorPlatform):
-        return device_type
-    if device_type is None:
-        return detect_platform()
-    return get_platform(device_type)
-
-
-def init_distributed(
-    device_type: str | AcceleratorPlatform | None = None,
-    *,
-    backend: str | None = None,
-    timeout: float | datetime.timedelta = DEFAULT_TIMEOUT_S,
+def init_from_env(
+    platform: AcceleratorPlatform,
+    backend: str,
+    timeout: datetime.timedelta,
     local_rank: int | None = None,
 ) -> bool:
-    """Initialize torch.distributed's default group from torchrun's environment.
+    """Start torch.distributed's default group from torchrun's environment.
 
-    The backend is the platform's (`nccl` for cuda, `hccl` for npu, `gloo` for cpu/mps) unless
-    `backend` is given. On an accelerator, the local device (`LOCAL_RANK` unless `local_rank`
-    is given) is made current first, as nccl/hccl expect. Returns True when this call created
-    the group, False when it was already initialized (then nothing is changed).
+    On an accelerator, the local device (`LOCAL_RANK` unless `local_rank` is given) is made
+    current first, as nccl/hccl expect. Returns True when this call created the group, False
+    when it was already initialized (then nothing is changed).
     """
     import torch.distributed as dist
 
     if dist.is_initialized():
         return False
-    platform = resolve_platform(device_type)
     if local_rank is None:
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if platform.device_type != "cpu" and platform.is_available():
         platform.set_device(local_rank)
     global _generation
-    delta = as_timeout(timeout, "init_distributed(timeout=...)")
-    backend = backend or platform.dist_backend
     if _generation == 0:
-        dist.init_process_group(backend=backend, timeout=delta)
+        dist.init_process_group(backend=backend, timeout=timeout)
     else:
         # A default group started again in the same job: torch would reuse the store keys of the
         # destroyed one (and connect to stale addresses); a prefix per generation keeps them apart.
-        store, rank, world_size = next(dist.rendezvous("env://", timeout=delta))
+        store, rank, world_size = next(dist.rendezvous("env://", timeout=timeout))
         store = dist.PrefixStore(f"twinkle/generation{_generation}", store)
         dist.init_process_group(
-            backend=backend, store=store, rank=rank, world_size=world_size, timeout=delta
+            backend=backend, store=store, rank=rank, world_size=world_size, timeout=timeout
         )
     _generation += 1
     return True
@@ -109,7 +88,7 @@ def to_torch_device_mesh(
     if not dist.is_initialized():
         raise ConfigurationError(
             "to_torch_device_mesh needs torch.distributed to be initialized: call "
-            "twinkle_core.initialize(mode='local') or twinkle_local.init_distributed() first"
+            "twinkle_core.initialize(mode='local') or twinkle_core.init_distributed() first"
         )
     world = dist.get_world_size()
     if max(mesh.ranks) >= world:

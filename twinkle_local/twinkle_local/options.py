@@ -9,8 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 from twinkle_core import ConfigurationError
+from twinkle_core.plugin import as_timeout
 
-from .distributed import DEFAULT_TIMEOUT_S, as_timeout
+from .defaults import DEFAULT_TIMEOUT_S
 
 #: Options of `initialize(mode='local', ...)` and their defaults.
 DEFAULT_OPTIONS: dict[str, Any] = {

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import logging
 
-from .callsite import driver_call_site
+from twinkle_core.plugin import user_call_site
+
 from .channel import ControlChannel
 
 log = logging.getLogger("twinkle")
@@ -42,7 +43,7 @@ def leave_shutdown_note(channel: ControlChannel, rank: int, sequence: int) -> No
     try:
         store.set(
             channel.key("shutdown", rank),
-            f"shut twinkle down after call #{sequence} (shutdown() from {driver_call_site()})",
+            f"shut twinkle down after call #{sequence} (shutdown() from {user_call_site()!s})",
         )
     except Exception as exc:
         log.debug("twinkle: could not leave the shutdown note: %s", exc)

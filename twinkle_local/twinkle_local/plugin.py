@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import twinkle_core.plugin as core_plugin
 from twinkle_core import hookimpl
 
 from .platforms import PLATFORMS
@@ -29,17 +28,23 @@ def register_platforms(register) -> None:
 
 @hookimpl
 def register_transports(register) -> None:
-    """Transports carried under torchrun by broadcasts (`twinkle_local.transports`).
-
-    `gloo` and `nccl` are also names twinkle-ray registers for mode 'ray': core resolves a
-    name per mode (`transports_for`). With a core older than that, two registrations of one
-    name would be a conflict, so they are registered only where core has it (this backend then
-    carries the other plugin's names with its own transports: `transports.registered`).
-    """
+    """The torch.distributed transports, one definition each (`twinkle_local.torchkit`):
+    carried under torchrun by broadcasts, and by any other backend that builds
+    torch.distributed groups between its groups (the Ray backend)."""
+    register("gloo", "twinkle_local.transports:GlooTransport")
+    register("nccl", "twinkle_local.transports:NcclTransport")
     register("hccl", "twinkle_local.transports:HcclTransport")
-    if getattr(core_plugin, "transports_for", None) is not None:
-        register("gloo", "twinkle_local.transports:GlooTransport")
-        register("nccl", "twinkle_local.transports:NcclTransport")
+
+
+@hookimpl
+def twinkle_init_distributed(context, platform, backend, timeout) -> bool | None:
+    """`twinkle_core.init_distributed()` in a worker of mode 'local' (or a torchrun script
+    outside any worker): the default group from torchrun's environment."""
+    from .distributed import answers_for, init_from_env
+
+    if not answers_for(context):
+        return None
+    return init_from_env(platform, backend, timeout)
 
 
 @hookimpl

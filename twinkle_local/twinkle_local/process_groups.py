@@ -17,7 +17,7 @@ from twinkle_core import ConfigurationError
 from twinkle_core.plugin import AcceleratorPlatform
 
 from .channel import ControlChannel
-from .distributed import init_distributed
+from .distributed import init_from_env
 from .session import Session
 
 log = logging.getLogger("twinkle")
@@ -59,8 +59,8 @@ class ProcessGroups:
             if platform.device_type != "cpu":
                 platform.set_device(env.local_rank)
         else:
-            init_distributed(
-                platform, backend=dist_backend, timeout=dist_timeout, local_rank=env.local_rank
+            init_from_env(
+                platform, dist_backend or platform.dist_backend, dist_timeout, env.local_rank
             )
             self.owns_default_group = True
         # twinkle's own exchanges never share a group with the user's collectives.

@@ -12,7 +12,7 @@ from __future__ import annotations
 import socket
 
 from .channel import ControlChannel
-from .distributed import DEFAULT_TIMEOUT_S
+from .defaults import DEFAULT_TIMEOUT_S
 from .env import TorchrunEnv
 from .options import DEFAULT_OPTIONS
 

@@ -1,10 +1,11 @@
-"""Tensors handed to the next call's arguments without a copy.
+"""Tensors handed to one call's arguments without a copy.
 
 With `isolate` on, a call's arguments are deep-copied, as a real transport would copy them. A
 LazyCollect handed to a call whose tensors a transport has just delivered (fresh buffers that
 nothing else references) need not be copied once more: `LocalWorkerGroup.resolve_argument`
-shares them here, the call's copy keeps them as they are, and the call forgets them once it
-has started.
+shares them here, on the call's own `PreparedCall.backend_data`, and the call's copy keeps
+them as they are. Nothing outlives the call: one that never reaches `submit` (its dispatcher
+raised) leaves nothing for the next.
 """
 
 from __future__ import annotations
@@ -13,14 +14,14 @@ from typing import Any
 
 
 class SharedArguments:
-    """The tensors shared with the next call, by id (one per run)."""
+    """The tensors shared with one call, by id."""
 
     def __init__(self) -> None:
         self._shared: dict[int, Any] = {}
 
     def share(self, value: Any) -> None:
-        """The tensors in `value` (dicts, lists, tuples) go to the next call's workers as
-        they are (see `LocalWorkerGroup.resolve_argument`)."""
+        """The tensors in `value` (dicts, lists, tuples) go to the call's workers as they are
+        (see `LocalWorkerGroup.resolve_argument`)."""
         stack = [value]
         while stack:
             item = stack.pop()
@@ -32,9 +33,6 @@ class SharedArguments:
             elif kind.__name__ == "Tensor" and kind.__module__.startswith("torch"):
                 self._shared[id(item)] = item
 
-    def shared_memo(self) -> dict[int, Any]:
+    def memo(self) -> dict[int, Any]:
         """A `copy.deepcopy` memo that keeps the shared tensors as they are."""
         return dict(self._shared)
-
-    def unshare(self) -> None:
-        self._shared.clear()

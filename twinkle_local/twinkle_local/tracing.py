@@ -13,7 +13,7 @@ import logging
 import statistics
 from typing import TYPE_CHECKING, Any
 
-from twinkle_core.plugin import tracing
+from twinkle_core.plugin import now_ns, recorder
 
 if TYPE_CHECKING:
     from .session import Session
@@ -35,7 +35,7 @@ def measure_offset(channel: Any) -> int:
     samples = []
     for _ in range(OFFSET_ROUNDS):
         channel.all_gather(None)
-        mine = tracing.now_ns()
+        mine = now_ns()
         times = channel.all_gather(mine)
         samples.append(mine - times[0])
     return int(statistics.median(samples))
@@ -48,7 +48,7 @@ def start(session: Session) -> None:
     Every process must call it at the same point (it runs collectives when tracing is on);
     all of them trace, or none (the trace path is part of what they agree on).
     """
-    rec = tracing.RECORDER
+    rec = recorder()
     if rec is None:
         return
     channel = session.channel

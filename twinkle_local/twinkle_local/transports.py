@@ -25,9 +25,10 @@ Received tensors are fresh, writable buffers of every receiver's own (on its cur
 the holder gets a copy of its own result with `isolate=True` (the default, as in-process) and
 the objects themselves with `isolate=False`, exactly as the exchange's pickled path does.
 
-Names: this plugin registers `gloo` (CPU), `nccl` (CUDA) and `hccl` (NPU) for modes `local`
-and `torchrun`. Other plugins may register the same names for their own modes (twinkle-ray's
-`gloo` and `nccl`); `registered()` keeps, for each name, a class that serves this mode.
+Names: this plugin registers `gloo` (CPU), `nccl` (CUDA) and `hccl` (NPU), the one definition
+of each (also carried by the Ray backend, which reaches the classes and hardware probes through
+the public `twinkle_local.torchkit`). This backend carries every registered transport that
+names a `torch_backend` (`carries`).
 """
 
 from __future__ import annotations
@@ -37,21 +38,20 @@ import pickle
 import sys
 from typing import Any, ClassVar
 
-import twinkle_core.plugin as core_plugin
 from twinkle_core.plugin import (
     OBJECT_STORE,
     Transport,
     explain_transport,
-    get_plugin,
     registered_names,
+    registered_transports,
 )
 
 from .skeleton import NotTensors, split, why_not_carried
 
 log = logging.getLogger("twinkle")
 
-#: The mode names of this backend (`initialize(mode='local')`, alias `torchrun`).
-MODES = ("local", "torchrun")
+#: This backend's mode, as fallback messages name it.
+MODE = "local"
 #: Results with fewer tensor bytes than this stay in the exchange even under a named transport
 #: (the slot or one small all-gather is cheaper than a broadcast per tensor).
 HOLD_BYTES = 64 * 1024
@@ -60,13 +60,7 @@ AUTO_MIN_BYTES = 1 << 20
 
 
 # ----------------------------------------------------------------------- the transports
-class TorchrunTransport(Transport):
-    """A transport carried under torchrun by broadcasts over a group twinkle made."""
-
-    modes: ClassVar[tuple[str, ...]] = MODES
-
-
-class GlooTransport(TorchrunTransport):
+class GlooTransport(Transport):
     """CPU tensors over gloo (twinkle's control group). `auto` picks it from 1 MB: under
     torchrun the alternative is pickling the result and all-gathering the bytes to every
     process (measured in docs/data.md, "Transports under torchrun")."""
@@ -112,7 +106,7 @@ def npu_probe() -> bool:
         return False
 
 
-class NcclTransport(TorchrunTransport):
+class NcclTransport(Transport):
     """CUDA tensors over an NCCL group twinkle makes; `auto` picks it for large CUDA results."""
 
     device_types: ClassVar[tuple[str, ...]] = ("cuda",)
@@ -123,7 +117,7 @@ class NcclTransport(TorchrunTransport):
         return sys.modules[__name__].cuda_probe()
 
 
-class HcclTransport(TorchrunTransport):
+class HcclTransport(Transport):
     """Ascend NPU tensors over an HCCL group twinkle makes (the NPU platform's backend)."""
 
     device_types: ClassVar[tuple[str, ...]] = ("npu",)
@@ -141,59 +135,32 @@ BUILTIN: dict[str, type[Transport]] = {
 }
 
 
+def carries(cls: Any) -> bool:
+    """Whether this backend can carry transport `cls`: any that names a torch.distributed
+    backend (it is broadcast over a group of that backend)."""
+    backend = getattr(cls, "torch_backend", "") if isinstance(cls, type) else ""
+    return isinstance(backend, str) and bool(backend)
+
+
 def serves_here(cls: Any, device_type: str) -> bool:
-    return isinstance(cls, type) and any(cls.serves(device_type, m) for m in MODES)
-
-
-def _serves_a_mode(cls: Any) -> bool:
-    return isinstance(cls, type) and any(m in getattr(cls, "modes", ()) for m in MODES)
+    return isinstance(cls, type) and cls.serves(device_type) and carries(cls)
 
 
 _loaded: dict[tuple[str, ...], dict[str, type[Transport]]] = {}
 
 
 def registered() -> dict[str, type[Transport]]:
-    """Every registered transport by name, as this mode sees it; loaded once per set of names.
-
-    A name registered by another plugin for another mode only (twinkle-ray's `gloo`) is this
-    plugin's transport of that name here, when it has one: one driver script names `gloo` in
-    every mode. With core's `transports_for` (several plugins registering one name, each for
-    its modes) that choice is core's.
-    """
+    """Every registered transport by name; loaded once per set of registered names."""
     names = tuple(registered_names("transports"))
     hit = _loaded.get(names)
     if hit is None:
-        hit = _loaded[names] = _load(names)
+        hit = _loaded[names] = registered_transports()
     return hit
 
 
-def _load(names: tuple[str, ...]) -> dict[str, type[Transport]]:
-    for_mode = getattr(core_plugin, "transports_for", None)
-    if for_mode is not None:
-        return dict(for_mode(MODES[0]))
-    out: dict[str, type[Transport]] = {}
-    for name in names:
-        try:
-            cls = get_plugin("transports", name)
-        except Exception as exc:  # a broken plugin must not stop a result from travelling
-            log.debug("twinkle: transport %r could not be loaded: %s", name, exc)
-            cls = None
-        if not _serves_a_mode(cls) and name in BUILTIN:
-            cls = BUILTIN[name]
-        if cls is not None:
-            out[name] = cls
-    return out
-
-
 def explain(requested: str, nbytes: int, device_type: str) -> tuple[str, str | None]:
-    """Core's rule for mode `local` (trying its alias `torchrun` too)."""
-    transports = registered()
-    name, why = explain_transport(requested, nbytes, device_type, MODES[0], transports)
-    if name == OBJECT_STORE:
-        alias, _ = explain_transport(requested, nbytes, device_type, MODES[1], transports)
-        if alias != OBJECT_STORE:
-            return alias, None
-    return name, why
+    """Core's rule with this backend's `carries`: (the transport, why not, or None)."""
+    return explain_transport(requested, nbytes, device_type, MODE, registered(), carries=carries)
 
 
 # ----------------------------------------------------------------------- structures

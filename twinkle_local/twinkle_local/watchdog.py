@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .callsite import user_stack
+from twinkle_core.plugin import user_stack
 
 if TYPE_CHECKING:
     from .exchange import CallInfo

@@ -26,33 +26,33 @@ from twinkle_core.plugin import (
     OBJECT_STORE,
     Collector,
     PendingCall,
+    PreparedCall,
     WorkerCall,
     WorkerFailure,
     WorkerGroup,
     WorkerPlacement,
     WorkerState,
     call_mesh,
+    method_options,
     note_fallback,
     representatives,
     run_method,
+    user_call_site,
     worker_context,
 )
 
 from .calls import LocalPendingCall
-from .callsite import driver_call_site
 from .exchange import KIND_GATHER, KIND_REDUCE, CallInfo, Exchange, ExchangedCall
+from .shared_arguments import SharedArguments
 from .transports import decide
 
 if TYPE_CHECKING:
     from .exchange_queue import ExchangeQueue
     from .rng import Party, RngSwitch
     from .session import Session
-    from .shared_arguments import SharedArguments
     from .watchdog import Watchdog
 
 REDUCE_OPS = ("sum", "mean")
-#: The attribute where core keeps a `@remote_function`'s options (its timeout, here).
-_SPEC_ATTR = "__twinkle_remote_function__"
 
 
 class Host(Protocol):
@@ -62,8 +62,6 @@ class Host(Protocol):
     session: Session
     #: Where the group's calls are numbered, exchanged in order, and found broken.
     exchanges: ExchangeQueue
-    #: Tensors a hand-off delivered, given to the next call's arguments without a copy.
-    shared: SharedArguments
     #: Bounds the methods' run by their timeouts and tells where they are.
     watchdog: Watchdog
     #: The fast switch between the driver's and the workers' random generators.
@@ -117,8 +115,7 @@ class LocalWorkerGroup(WorkerGroup):
     def method_timeout(self, method: str) -> float | None:
         """The `timeout=` of `@remote_function` on `method` (None when it has none)."""
         if method not in self._timeouts:
-            spec = getattr(getattr(self.cls, method, None), _SPEC_ATTR, None)
-            timeout = getattr(spec, "timeout", None)
+            timeout = getattr(method_options(self.cls, method), "timeout", None)
             ok = isinstance(timeout, (int, float)) and not isinstance(timeout, bool)
             self._timeouts[method] = float(timeout) if ok and timeout > 0 else None
         return self._timeouts[method]
@@ -128,7 +125,7 @@ class LocalWorkerGroup(WorkerGroup):
         `method`."""
         known = self._transports.get(method)
         if known is None:
-            spec = getattr(getattr(self.cls, method, None), _SPEC_ATTR, None)
+            spec = method_options(self.cls, method)
             name = getattr(spec, "transport", None)
             known = (
                 name if isinstance(name, str) else "auto",
@@ -137,12 +134,13 @@ class LocalWorkerGroup(WorkerGroup):
             self._transports[method] = known
         return known
 
-    def resolve_argument(self, value: Any, dispatcher: Any = None) -> Any:
-        """A LazyCollect handed to a call of this group: its value, and when a transport
+    def resolve_argument(self, value: Any, call: PreparedCall) -> Any:
+        """A LazyCollect handed to `call` on this group: its value, and when a transport
         delivered its tensors (fresh buffers, or the holder's copy) and nobody collected it
         yet, those very tensors: the call's argument copy (`isolate`) keeps them as they are
-        unless the method declares `writable_args=True`. A later collect of the LazyCollect
-        gets a copy."""
+        unless the method declares `writable_args=True` (they are kept on the call's
+        `backend_data`, so a call that never reaches `submit` leaves nothing behind). A later
+        collect of the LazyCollect gets a copy."""
         source = getattr(value, "source", None)
         pending = getattr(source, "pending", None)
         if value.resolved or not isinstance(pending, ExchangedCall):
@@ -159,27 +157,34 @@ class LocalWorkerGroup(WorkerGroup):
             got = outcome.hand_off(source.collector, source.device_mesh)
         except Exception:
             return value()  # the collector's error, raised as collecting raises it
-        self.host.shared.share(got)
+        shared = call.backend_data
+        if shared is None:
+            shared = call.backend_data = SharedArguments()
+        shared.share(got)
         return got
 
     def _run(self, method: str, call: WorkerCall, info: CallInfo) -> tuple[bool, Any]:
         """Run `call` on this process's worker, as that worker, bounded by the method's
         timeout: (True, value), or (False, WorkerFailure)."""
-        ok, value, restore = self._run_keeping_generators(method, call, info)
+        ok, value, restore = self._run_keeping_generators(method, call, info, None)
         if restore is not None:
             restore()
         return ok, value
 
-    def _run_keeping_generators(self, method: str, call: WorkerCall, info: CallInfo) -> tuple:
+    def _run_keeping_generators(
+        self, method: str, call: WorkerCall, info: CallInfo, shared: SharedArguments | None
+    ) -> tuple:
         """`_run`, leaving the worker's generators in place: (ok, value, restore), where
         `restore()` (when not None) puts the caller's back. The caller may start the exchange
-        first, so this bookkeeping overlaps the network instead of delaying it."""
+        first, so this bookkeeping overlaps the network instead of delaying it. `shared`: the
+        tensors a hand-off delivered to this call, given to it without a copy."""
         assert self.state is not None, "only a process holding a worker runs calls"
         host = self.host
         args, kwargs = call.args, call.kwargs
         if host.session.isolate and not _immutable(args, kwargs):
             # Tensors a hand-off delivered are this call's already (unless it writes in place).
-            memo = {} if self.method_transport(method)[1] else host.shared.shared_memo()
+            keep = shared is not None and not self.method_transport(method)[1]
+            memo = shared.memo() if keep and shared is not None else {}
             args, kwargs = copy.deepcopy((args, kwargs), memo)
         timeout = self.method_timeout(method)
         rng = host.rng
@@ -213,14 +218,9 @@ class LocalWorkerGroup(WorkerGroup):
             return False, WorkerFailure(call.rank, error, node, stack)
         return result
 
-    def submit(
-        self,
-        method: str,
-        calls: list[WorkerCall],
-        *,
-        collector: Collector | None = None,
-        device_mesh: DeviceMesh | None = None,
-    ) -> PendingCall:
+    def submit(self, prepared: PreparedCall) -> PendingCall:
+        method, calls, collector = prepared.method, prepared.calls, prepared.collector
+        device_mesh = prepared.device_mesh
         session = self.host.session
         if session.closed:
             raise NotInitializedError(
@@ -231,7 +231,7 @@ class LocalWorkerGroup(WorkerGroup):
         if get_worker_context() is not None:
             return self._submit_nested(method, calls)
         mesh = device_mesh if device_mesh is not None else call_mesh(list(range(len(calls))), self)
-        return self._submit_collective(method, calls, collector, mesh)
+        return self._submit_collective(method, calls, collector, mesh, prepared.backend_data)
 
     def _submit_nested(self, method: str, calls: list[WorkerCall]) -> LocalPendingCall:
         """A call made inside a worker: only this process takes part, so no collective."""
@@ -266,6 +266,7 @@ class LocalWorkerGroup(WorkerGroup):
         calls: list[WorkerCall],
         collector: Collector | None,
         mesh: DeviceMesh,
+        shared: SharedArguments | None,
     ) -> PendingCall:
         host = self.host
         session = host.session
@@ -273,7 +274,7 @@ class LocalWorkerGroup(WorkerGroup):
         label = f"{self.class_name}.{method}"
         op = getattr(collector, "reduce_op", None)
         kind = KIND_REDUCE if op in REDUCE_OPS else KIND_GATHER
-        site = driver_call_site()
+        site = str(user_call_site())
         thread = threading.current_thread().name
         ranks = [c.rank for c in calls]
         with exchanges.lock:  # one call at a time in this process, exchanged in this order
@@ -289,7 +290,9 @@ class LocalWorkerGroup(WorkerGroup):
                 if self.holds_worker:
                     for index, call in enumerate(calls):
                         if call.rank == me:
-                            ok, value, restore = self._run_keeping_generators(method, call, info)
+                            ok, value, restore = self._run_keeping_generators(
+                                method, call, info, shared
+                            )
                             mine = (index, ok, value)
                 reps = self._representatives(len(calls), mesh) if kind == KIND_REDUCE else _NONE
                 transport = self.method_transport(method)[0]
@@ -325,7 +328,6 @@ class LocalWorkerGroup(WorkerGroup):
                 exchange.start()
                 exchanges.enqueue(exchange)
             finally:
-                host.shared.unshare()
                 if restore is not None:  # the driver's generators back, while gloo works
                     restore()
         return ExchangedCall(exchange)

@@ -12,7 +12,7 @@ __version__ = _dist_version("twinkle-ray")  # written once: in pyproject.toml
 
 from .envvars import DEFAULT_PASSTHROUGH
 
-__all__ = ["DEFAULT_PASSTHROUGH", "RayBackend", "init_distributed"]
+__all__ = ["DEFAULT_PASSTHROUGH", "RayBackend"]
 
 
 def __getattr__(name: str):
@@ -20,8 +20,4 @@ def __getattr__(name: str):
         from .backend import RayBackend
 
         return RayBackend
-    if name == "init_distributed":
-        from .distributed import init_distributed
-
-        return init_distributed
     raise AttributeError(name)

@@ -26,7 +26,10 @@ from twinkle_core.plugin import (
     WorkerContext,
     exit_error,
     format_remote_traceback,
+    method_options,
+    now_ns,
     portable_exception,
+    recorder,
     seed_everything,
     set_process_worker_context,
 )
@@ -150,8 +153,8 @@ class TwinkleActor:
         os.environ["MASTER_PORT"] = str(master[1])
         set_process_worker_context(ctx)
         seed_everything(seed, full_determinism)
-        rec = _tracing.tracing.RECORDER  # None unless the driver traces (tracing.py)
-        start = _tracing.tracing.now_ns() if rec is not None else 0
+        rec = recorder()  # None unless the driver traces (tracing.py)
+        start = now_ns() if rec is not None else 0
         try:
             self._tw_instance = cls(*args, **kwargs)
         except BaseException as exc:
@@ -169,8 +172,8 @@ class TwinkleActor:
         seen = WRITE_GUARD.start()  # large tensors received as object-store views
         if _writable_args(type(self._tw_instance), method):
             args, kwargs = writable_copies((args, kwargs))
-        rec = _tracing.tracing.RECORDER  # None unless the driver traces (tracing.py)
-        start = _tracing.tracing.now_ns() if rec is not None else 0
+        rec = recorder()  # None unless the driver traces (tracing.py)
+        start = now_ns() if rec is not None else 0
         try:
             value = getattr(self._tw_instance, method)(*args, **kwargs)
         except BaseException as exc:
@@ -240,7 +243,7 @@ def _declared_options(cls: type, method: str) -> tuple[bool, str]:
     key = (cls, method)
     hit = _declared.get(key)
     if hit is None:
-        spec = getattr(getattr(cls, method, None), "__twinkle_remote_function__", None)
+        spec = method_options(cls, method)
         hit = _declared[key] = (
             bool(getattr(spec, "writable_args", False)),
             str(getattr(spec, "transport", "auto")),

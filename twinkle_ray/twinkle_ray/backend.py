@@ -31,6 +31,7 @@ from twinkle_core.plugin import (
 )
 
 from . import collective as ray_collective
+from . import tracing as ray_tracing
 from . import transports
 from .actor import ActorBoot, actor_class_for
 from .cluster import ClusterConnection
@@ -387,6 +388,7 @@ class RayBackend(ExecutionBackend):
                     if not workers.group.is_cpu
                     else workers.placements[slot.rank].devices
                 ),
+                mode=self.name,
             )
             refs.append(
                 handle._tw_construct.remote(
@@ -407,6 +409,14 @@ class RayBackend(ExecutionBackend):
         self.collectives[group.name] = ray_collective.create(group, workers)
 
     # ------------------------------------------------------------------ facts
+    def gather_trace(self, recorder: Any) -> None:
+        """Every actor's trace events, merged with its clock offset (tracing.py)."""
+        ray_tracing.gather(recorder, self)
+
+    def worker_stacks(self, workers: Any, timeout: float) -> list[tuple[str, str]]:
+        """Every actor's stacks through its probe, answered while it runs (tracing.py)."""
+        return ray_tracing.worker_stacks(self, workers, timeout)
+
     def describe(self) -> dict[str, Any]:
         if not ray.is_initialized():
             return {"ray": "not connected"}

@@ -28,6 +28,7 @@ from twinkle_core.plugin import (
     check_op,
     check_src,
 )
+from twinkle_local.torchkit import reduce_op
 
 log = logging.getLogger("twinkle")
 
@@ -58,18 +59,6 @@ def new_world(store: Any, rank: int, size: int, backend: str, timeout: float, na
     return dist.ProcessGroupGloo(store, rank, size, delta)
 
 
-def _reduce_op(op: str) -> Any:
-    import torch.distributed as dist
-
-    return {
-        "sum": dist.ReduceOp.SUM,
-        "mean": dist.ReduceOp.SUM,  # divided afterwards: gloo has no AVG
-        "max": dist.ReduceOp.MAX,
-        "min": dist.ReduceOp.MIN,
-        "product": dist.ReduceOp.PRODUCT,
-    }[op]
-
-
 class TorchCollective(Collective):
     """A member with a process of its own: every collective is torch.distributed's."""
 
@@ -97,7 +86,7 @@ class TorchCollective(Collective):
         items = as_tensor_list(tensors, f"collective {self.name!r}.all_reduce(tensors)")
         check_op(op, f"collective {self.name!r}.all_reduce")
         for t in items:
-            dist.all_reduce(t, op=_reduce_op(op), group=self._pg)
+            dist.all_reduce(t, op=reduce_op(op), group=self._pg)
             if op == "mean":
                 t.div_(self.world_size)
         return items

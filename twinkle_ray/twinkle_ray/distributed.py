@@ -1,9 +1,11 @@
-"""`init_distributed()` inside Ray actors: torch.distributed with the platform's backend.
+"""`twinkle_core.init_distributed()` inside Ray actors (this plugin's answer to the
+`twinkle_init_distributed` hook): torch.distributed's default group for the actor's group.
 
 Every actor already has RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT, so a plain
-`torch.distributed.init_process_group()` works. This helper adds what env:// cannot: it picks
-the platform's backend (nccl, hccl, gloo), and when the probed port was taken between probing
-and use, rank 0 retries on a fresh port and tells the other ranks through Ray's key-value store.
+`torch.distributed.init_process_group()` works. This adds what env:// cannot: when the probed
+port was taken between probing and use, rank 0 retries on a fresh port and tells the other
+ranks through Ray's key-value store. Core has already chosen the torch backend from the
+platform (nccl, hccl, gloo) and the timeout.
 """
 
 from __future__ import annotations
@@ -12,9 +14,6 @@ import datetime
 import os
 import time
 from typing import Any
-
-from twinkle_core import get_worker_context
-from twinkle_core.plugin import AcceleratorPlatform
 
 #: How many ports rank 0 tries before giving up.
 DEFAULT_PORT_ATTEMPTS = 3
@@ -32,43 +31,33 @@ def _port_in_use(exc: BaseException) -> bool:
     return "address already in use" in text or "errno 98" in text or "eaddrinuse" in text
 
 
-def init_distributed(
-    device_type: str | AcceleratorPlatform | None = None,
-    *,
-    backend: str | None = None,
-    timeout: float | datetime.timedelta = 1800.0,
+def init_in_actor(
+    context: Any,
+    platform: Any,
+    backend: str,
+    timeout: datetime.timedelta,
     port_attempts: int = DEFAULT_PORT_ATTEMPTS,
 ) -> bool:
-    """Initialize torch.distributed's default group for this worker's group.
-
-    Returns True when this call created the group, False when it already existed. Outside a
-    twinkle Ray actor it falls back to `twinkle_local.init_distributed` (env://).
+    """Initialize torch.distributed's default group for the group of the actor `context`
+    describes. Returns True when this call created the group, False when it already existed.
     """
-    import ray
     import torch.distributed as dist
-
-    from twinkle_local.distributed import as_timeout, resolve_platform
-    from twinkle_local.distributed import init_distributed as local_init
 
     if dist.is_initialized():
         return False
-    ctx = get_worker_context()
-    platform = resolve_platform(device_type or (ctx.device_type if ctx else None))
-    base = os.environ.get("TWINKLE_WORKER_GROUP")
-    if ctx is None or base is None or not ray.is_initialized():
-        return local_init(platform, backend=backend, timeout=timeout)
-    td = as_timeout(timeout, "init_distributed(timeout=...)")
+    base = os.environ.get("TWINKLE_WORKER_GROUP") or context.group_name
     if platform.device_type != "cpu" and platform.is_available():
         platform.set_device(0)  # twinkle narrowed visibility to this worker's devices
     generation = _generation.get(base, 0)
     _generation[base] = generation + 1
-    store = _rendezvous(ctx.rank, ctx.world_size, _kv_key(base, generation), td, port_attempts)
+    key = _kv_key(base, generation)
+    store = _rendezvous(context.rank, context.world_size, key, timeout, port_attempts)
     dist.init_process_group(
-        backend=backend or platform.dist_backend,
+        backend=backend,
         store=store,
-        rank=ctx.rank,
-        world_size=ctx.world_size,
-        timeout=td,
+        rank=context.rank,
+        world_size=context.world_size,
+        timeout=timeout,
     )
     return True
 

@@ -6,7 +6,8 @@ with `initialize(mode='ray', env_passthrough=[...])` or `TWINKLE_ENV_PASSTHROUGH
 sent. A name ending in `*` is a prefix, one starting with `*` a suffix.
 
 Credentials never travel through a wildcard: a variable matched only by a pattern is dropped
-when its name looks like a secret (`NEVER_BY_PATTERN`, compared case-insensitively), e.g.
+when its name looks like a secret (core's `looks_secret`, the one definition twinkle doctor
+uses too; compared case-insensitively), e.g.
 `TWINKLE_Db_Password` although `TWINKLE_*` is on the list. Naming a variable exactly (no `*`)
 in `env_passthrough` sends it anyway, because then the user asked for it. Variables a plugin
 declares as its secrets (hook `twinkle_secret_env_vars`, e.g. the DingTalk notifier's
@@ -20,7 +21,7 @@ import fnmatch
 import os
 from collections.abc import Iterable, Iterator, Mapping
 
-from twinkle_core.plugin import secret_env_patterns
+from twinkle_core.plugin import looks_secret, secret_env_patterns
 
 #: Sent to every worker when set on the driver. Twinkle's own settings come first.
 DEFAULT_PASSTHROUGH: tuple[str, ...] = (
@@ -37,22 +38,6 @@ DEFAULT_PASSTHROUGH: tuple[str, ...] = (
     "HF_HOME",
     "HF_HUB_OFFLINE",
     "TRANSFORMERS_OFFLINE",
-)
-
-#: Never sent because of a wildcard: names that look like credentials (case-insensitive).
-NEVER_BY_PATTERN: tuple[str, ...] = (
-    "*SECRET*",
-    "*TOKEN*",
-    "*PASS*",
-    "*WEBHOOK*",
-    "*CREDENTIAL*",
-    "*AUTH*",
-    "*PRIVATE*",
-    "*COOKIE*",
-    "*SIGN*",
-    "*_KEY",
-    "*_KEY_*",
-    "*APIKEY*",
 )
 
 #: What a Ray node needs to run Python at all; kept when twinkle starts an embedded cluster.
@@ -106,22 +91,25 @@ def passthrough_patterns(extra: Iterable[str] = ()) -> tuple[str, ...]:
 def select(
     environ: Mapping[str, str],
     patterns: Iterable[str],
-    never: Iterable[str] = NEVER_BY_PATTERN,
+    guard_secrets: bool = True,
     forbidden: Iterable[str] | None = None,
 ) -> dict[str, str]:
     """The variables of `environ` named exactly in `patterns`, or matching a wildcard pattern
-    there and none of `never`; none matching `forbidden` (default: what plugins declare
-    through `twinkle_secret_env_vars`). `never` and `forbidden` ignore case."""
+    there and (with `guard_secrets`) not looking like a secret (`looks_secret`); none
+    matching `forbidden` (default: what plugins declare through `twinkle_secret_env_vars`,
+    compared ignoring case)."""
     patterns = tuple(patterns)
     exact = {p for p in patterns if "*" not in p}
     wild = [p for p in patterns if "*" in p]
-    never = tuple(never)
     forbidden = driver_only() if forbidden is None else tuple(forbidden)
     return {
         k: v
         for k, v in environ.items()
         if not _matches_any_case(k, forbidden)
-        and (k in exact or (any(_matches(k, p) for p in wild) and not _matches_any_case(k, never)))
+        and (
+            k in exact
+            or (any(_matches(k, p) for p in wild) and not (guard_secrets and looks_secret(k)))
+        )
     }
 
 
@@ -133,7 +121,7 @@ def scrubbed_environ(passthrough: Iterable[str], essentials: Iterable[str]) -> I
     spawn) inherit the environment at that moment, and must not inherit the driver's secrets.
     """
     saved = dict(os.environ)
-    kept = {**select(saved, essentials, never=()), **select(saved, passthrough)}
+    kept = {**select(saved, essentials, guard_secrets=False), **select(saved, passthrough)}
     os.environ.clear()
     os.environ.update(kept)
     try:

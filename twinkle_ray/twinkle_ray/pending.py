@@ -41,6 +41,7 @@ from twinkle_core.plugin import (
 )
 
 from .late_failures import HAS_ON_READY, LATE_FAILURES
+from .tracing import link_ids
 from .transfer import ResultMeta, Stored, is_envelope, meta_of, opened_ref
 from .transports import Held, track
 
@@ -251,6 +252,11 @@ class RayPendingCall(PendingCall):
         return True
 
     # ------------------------------------------------------------------ waiting
+    def trace_links(self) -> list[str] | None:
+        """The Ray task ids of this call's executions, which each actor records with its
+        trace event (`tracing.link_ids`)."""
+        return link_ids(self)
+
     def wait(self, timeout: float | None) -> list[Any]:
         with self._lock:
             if self._values is None:

@@ -16,12 +16,20 @@ def register_backends(register) -> None:
 
 @hookimpl
 def register_transports(register) -> None:
-    """Device-direct transports carried by the Ray backend (`twinkle_ray.transports`)."""
-    register("gloo", "twinkle_ray.transports:GlooTransport")
-    register("nccl", "twinkle_ray.transports:NcclTransport")
-    register("hccl", "twinkle_ray.transports:HcclTransport")
+    """Ray's own transports, over Ray Direct Transport (`twinkle_ray.transports`). The
+    torch.distributed ones (`gloo`, `nccl`, `hccl`) are twinkle-local's, carried here too."""
     register("cuda_ipc", "twinkle_ray.transports:CudaIpcTransport")
     register("nixl", "twinkle_ray.transports:NixlTransport")
+
+
+@hookimpl
+def twinkle_init_distributed(context, platform, backend, timeout) -> bool | None:
+    """`twinkle_core.init_distributed()` inside a Ray actor of this backend."""
+    if context is None or context.mode != "ray":
+        return None
+    from .distributed import init_in_actor
+
+    return init_in_actor(context, platform, backend, timeout)
 
 
 @hookimpl

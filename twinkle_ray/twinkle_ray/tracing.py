@@ -29,7 +29,13 @@ from typing import Any
 
 import ray
 
-from twinkle_core.plugin import stacks, tracing
+from twinkle_core.plugin import (
+    now_ns,
+    recorder,
+    start_worker_trace,
+    thread_stacks,
+    worker_trace_wanted,
+)
 
 log = logging.getLogger("twinkle.trace")
 
@@ -88,11 +94,11 @@ class Probe:
 
     def answer(self, op: Any) -> Any:
         if op == "clock":
-            return {"now": tracing.now_ns()}
+            return {"now": now_ns()}
         if op == "stacks":
-            return {"pid": os.getpid(), "stacks": actor_threads(stacks.thread_stacks())}
+            return {"pid": os.getpid(), "stacks": actor_threads(thread_stacks())}
         if op == "trace":
-            rec = tracing.RECORDER
+            rec = recorder()
             return {"snapshot": rec.snapshot() if rec is not None else None}
         return {"error": f"unknown op {op!r}"}
 
@@ -129,8 +135,8 @@ def start_actor(group: str, class_name: str, rank: int) -> None:
     """In a new actor: record executions when the driver traces, and start the probe."""
     global _probe
     label = f"{group} rank {rank}"
-    if tracing.worker_wanted():
-        tracing.start_worker(label)
+    if worker_trace_wanted():
+        start_worker_trace(label)
     if _probe is not None:
         return
     try:
@@ -190,9 +196,9 @@ def clock_offset(info: dict[str, Any], timeout: float = 5.0) -> tuple[int, int]:
     """
     best: tuple[int, int] | None = None
     for i in range(CLOCK_PINGS_MAX):
-        sent = tracing.now_ns()
+        sent = now_ns()
         theirs = ask(info, "clock", timeout)["now"]
-        back = tracing.now_ns()
+        back = now_ns()
         sample = (back - sent, theirs - (sent + back) // 2)
         if best is None or sample[0] < best[0]:
             best = sample
@@ -219,7 +225,7 @@ def _actors(backend: Any, workers: Any = None) -> list[tuple[str, str]]:
 def gather(rec: Any, backend: Any) -> None:
     """Merge every actor's recorded executions into the driver's trace (before shutdown),
     each shifted by its clock offset (measured at its group's first call, else now)."""
-    if getattr(backend, "name", None) != "ray" or not ray.is_initialized():
+    if not ray.is_initialized():
         return
     _measured_groups.clear()
     for actor_id, who in _actors(backend):
@@ -248,7 +254,7 @@ def link_ids(pending: Any) -> list[str] | None:
     if not refs:
         return None
     workers = getattr(pending, "workers", None)
-    rec = tracing.RECORDER
+    rec = recorder()
     on_driver = rec is not None and rec.role == "driver"
     if on_driver and workers is not None and id(workers) not in _measured_groups:
         _measured_groups[id(workers)] = workers  # kept: ids of live objects stay unique
@@ -277,7 +283,7 @@ def _measure_offsets(workers: Any) -> None:
 
 def worker_stacks(backend: Any, workers: Any, timeout: float) -> list[tuple[str, str]]:
     """[(who, stack)] of the main thread (and user threads) of each actor of the run."""
-    if getattr(backend, "name", None) != "ray" or not ray.is_initialized():
+    if not ray.is_initialized():
         return []
     actors = _actors(backend, workers)
     results: list[list[tuple[str, str]]] = [[] for _ in actors]
@@ -310,8 +316,3 @@ def worker_stacks(backend: Any, workers: Any, timeout: float) -> list[tuple[str,
     for t in threads:
         t.join(timeout + 1.0)
     return [entry for part in results for entry in part]
-
-
-tracing.add_gatherer(gather)
-tracing.add_linker(link_ids)
-stacks.add_source(worker_stacks)

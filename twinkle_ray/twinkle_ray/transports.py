@@ -3,10 +3,13 @@ the object store, either over a torch.distributed group twinkle creates between 
 and the consuming group or by Ray Direct Transport (RDT).
 
 `@remote_function(transport=...)` (core's `twinkle_core.transport`) names how a method's large
-results travel. Built in here (registered by `plugin.py`):
+results travel. Carried here: the torch.distributed transports (one definition each, in
+twinkle-local's public `twinkle_local.torchkit`, which registers them) and this plugin's own
+Ray Direct Transport ones (registered by `plugin.py`):
 
-- `gloo`: CPU tensors over a gloo group. `auto` never picks it (on one node the object store
-  hands CPU tensors over as zero-copy views, faster than gloo's TCP), so it is used when named.
+- `gloo`: CPU tensors over a gloo group. `auto` never picks it on Ray (`auto_picks`: on one
+  node the object store hands CPU tensors over as zero-copy views, faster than gloo's TCP),
+  so it is used when named.
 - `nccl`: CUDA tensors over an NCCL group; `auto` picks it for CUDA results of at least
   `Transport.min_bytes` when CUDA and NCCL are available in the producing worker.
 - `hccl`: Ascend NPU tensors over an HCCL group, the same way (torch_npu in the worker).
@@ -61,7 +64,6 @@ import ray
 
 from twinkle_core import get_worker_context
 from twinkle_core.plugin import (
-    AUTO,
     OBJECT_STORE,
     CollectiveGroup,
     CollectiveMember,
@@ -69,18 +71,20 @@ from twinkle_core.plugin import (
     explain_transport,
     note_fallback,
     registered_names,
-    transports_for,
+    registered_transports,
 )
-from twinkle_local import transports as local_transports
-from twinkle_local.skeleton import NotTensors, fill, split, why_not_carried
+from twinkle_local.torchkit import (
+    GlooTransport,
+    HcclTransport,
+    NcclTransport,
+    NotTensors,
+    fill,
+    receive_device,
+    split,
+    why_not_carried,
+)
 
 log = logging.getLogger("twinkle")
-
-#: The hardware probes, twinkle-local's. The transports look them up in this module
-#: (`sys.modules[__name__]`), so tests fake them here.
-gloo_probe = local_transports.gloo_probe
-cuda_probe = local_transports.cuda_probe
-npu_probe = local_transports.npu_probe
 
 #: Seconds a transport group's members wait for each other (joining, and each send/recv).
 GROUP_TIMEOUT_S = 300.0
@@ -99,65 +103,12 @@ def torch_backend(cls: Any) -> str:
     return backend if isinstance(backend, str) else ""
 
 
-def receive_device(device_type: str) -> Any:
-    """Where a consumer allocates received tensors of `device_type`: its current device."""
-    import torch
-
-    if device_type == "cpu":
-        return torch.device("cpu")
-    return torch.device(device_type, getattr(torch, device_type).current_device())
-
-
-class TorchTransport(Transport):
-    """A transport carried by point-to-point sends over a torch.distributed group of the
-    producer's and the consumer's actors (`torch_backend`), on Ray."""
-
-    modes: ClassVar[tuple[str, ...]] = ("ray",)
-
-
-class GlooTransport(TorchTransport):
-    """CPU tensors over gloo. Only when named: `auto` keeps CPU tensors on the object store."""
-
-    device_types: ClassVar[tuple[str, ...]] = ("cpu",)
-    torch_backend: ClassVar[str] = "gloo"
-    #: Never chosen by `auto` (a payload this large does not exist).
-    min_bytes: ClassVar[int] = 1 << 62
-
-    @classmethod
-    def is_available(cls) -> bool:
-        return gloo_probe()
-
-
-class NcclTransport(TorchTransport):
-    """CUDA tensors over NCCL; `auto` picks it for large CUDA results."""
-
-    device_types: ClassVar[tuple[str, ...]] = ("cuda",)
-    torch_backend: ClassVar[str] = "nccl"
-
-    @classmethod
-    def is_available(cls) -> bool:
-        return sys.modules[__name__].cuda_probe()
-
-
-class HcclTransport(TorchTransport):
-    """Ascend NPU tensors over HCCL (the NPU platform's torch.distributed backend); `auto`
-    picks it for large NPU results."""
-
-    device_types: ClassVar[tuple[str, ...]] = ("npu",)
-    torch_backend: ClassVar[str] = "hccl"
-
-    @classmethod
-    def is_available(cls) -> bool:
-        return sys.modules[__name__].npu_probe()
-
-
 class RdtTransport(Transport):
     """A transport carried by Ray Direct Transport: the producer hands its held tensors to Ray
     through `TwinkleActor._tw_rdt_give`, submitted with `.options(tensor_transport=...)`, and
     the consumer's task takes that ref as an argument of its own, so Ray moves the tensors
     (`rdt_refs`, `receive`). No torch.distributed group is made for it."""
 
-    modes: ClassVar[tuple[str, ...]] = ("ray",)
     #: Ray's `tensor_transport` name.
     ray_tensor_transport: ClassVar[str] = ""
     #: Device types `auto` may pick it for (a subset of `device_types`).
@@ -249,9 +200,7 @@ def registered() -> dict[str, type[Transport]]:
     names = tuple(registered_names("transports"))
     hit = _loaded.get(names)
     if hit is None:
-        # Several plugins may register one name, each for its own modes (twinkle-local's
-        # `gloo` is carried under torchrun): the registrations for mode 'ray'.
-        hit = _loaded[names] = transports_for("ray")
+        hit = _loaded[names] = registered_transports()
     return hit
 
 
@@ -370,14 +319,28 @@ def auto_serves(cls: Any, device_type: str) -> bool:
     return only is None or device_type in only
 
 
+def auto_picks(cls: Any, device_type: str) -> bool:
+    """The Ray backend's `auto` rule: never CPU tensors over a torch.distributed transport
+    (on one node the object store hands CPU tensors over as zero-copy views, faster than
+    gloo's TCP: docs/data.md), and only device types a transport's `auto_device_types`
+    name (nixl serves CPU tensors when named, but `auto` leaves them on the object store)."""
+    if device_type == "cpu" and torch_backend(cls):
+        return False
+    return auto_serves(cls, device_type)
+
+
 def explain(requested: str, nbytes: int, device_type: str, mode: str = "ray") -> tuple[str, Any]:
-    """Core's `explain_transport` over the registered transports, `auto` considering only
-    those whose `auto_device_types` include `device_type` (nixl serves CPU tensors when
-    named, but `auto` leaves them on the object store)."""
-    pool = registered()
-    if requested == AUTO:
-        pool = {n: c for n, c in pool.items() if auto_serves(c, device_type)}
-    return explain_transport(requested, nbytes, device_type, mode, pool)
+    """Core's `explain_transport` over the registered transports with the Ray backend's
+    rules: what it carries (`carried`) and what `auto` may pick (`auto_picks`)."""
+    return explain_transport(
+        requested,
+        nbytes,
+        device_type,
+        mode,
+        registered(),
+        carries=carried,
+        auto_picks=auto_picks,
+    )
 
 
 def hold(transport: str, skeleton: Any, tensors: list[Any], meta: Any, auto: bool = False) -> Held:

@@ -32,6 +32,7 @@ from twinkle_core import CallTimeoutError, DeviceGroup, DeviceMesh, LazyCollect,
 from twinkle_core.plugin import (
     CompletedCall,
     PendingCall,
+    PreparedCall,
     WorkerCall,
     WorkerFailure,
     WorkerGroup,
@@ -53,15 +54,18 @@ from .transports import before_submit, held_replies
 log = logging.getLogger("twinkle")
 
 
-class _CallArguments(threading.local):
-    """What this thread's next call carries besides its arguments, set while they were
-    resolved (`resolve_argument`): whether they hold remote placeholders, the producers'
-    results they hold, and the producers' calls to keep alive until the call finished. Class
-    defaults, so a call without any reads them without a failed lookup."""
+class _CallArguments:
+    """What one call carries besides its arguments, learned while they were resolved
+    (`resolve_argument`) and kept on the call's `PreparedCall.backend_data`: the producers'
+    results its placeholders stand for, held by a transport, and the producers' calls to keep
+    alive until the call finished. Made only for a call with a placeholder argument; one
+    that never reaches `submit` (its dispatcher raised) takes it along when it is dropped."""
 
-    placeholders: bool = False
-    held: dict | None = None
-    producers: tuple = ()
+    __slots__ = ("held", "producers")
+
+    def __init__(self) -> None:
+        self.held: dict | None = None
+        self.producers: tuple = ()
 
 
 class RayWorkerGroup(WorkerGroup):
@@ -90,7 +94,6 @@ class RayWorkerGroup(WorkerGroup):
         self.restarter: Any = None
         self.restarts = 0
         self.torn_down: str | None = None
-        self._local = _CallArguments()
         #: Held while one call's tasks are handed to Ray, so that every rank receives the
         #: calls of this process in the same order (Ray keeps each caller's order per actor):
         #: two driver threads calling at once must not run as call A then B on rank 0 and B
@@ -115,7 +118,6 @@ class RayWorkerGroup(WorkerGroup):
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state.pop("_local", None)
         state.pop("_send_lock", None)
         state.pop("finished", None)
         state["_methods"] = {}
@@ -124,7 +126,6 @@ class RayWorkerGroup(WorkerGroup):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._local = _CallArguments()
         self._send_lock = threading.Lock()
         self.finished = collections.deque()
 
@@ -208,18 +209,10 @@ class RayWorkerGroup(WorkerGroup):
                 pass
 
     # ------------------------------------------------------------------ calls
-    def submit(
-        self,
-        method: str,
-        calls: list[WorkerCall],
-        *,
-        collector: Any = None,
-        device_mesh: Any = None,
-    ) -> PendingCall:
-        local = self._local
-        has_remote = local.placeholders
-        if has_remote:
-            local.placeholders = False
+    def submit(self, prepared: PreparedCall) -> PendingCall:
+        method, calls = prepared.method, prepared.calls
+        local = prepared.backend_data
+        has_remote = local is not None
         if self.torn_down is not None:
             return CompletedCall(
                 [],
@@ -236,15 +229,12 @@ class RayWorkerGroup(WorkerGroup):
                 ],
             )
         register_tensor_serializer()
-        held = local.held
         rdt = None
         producers: tuple = ()
-        if held:
-            local.held = None
-            producers, local.producers = local.producers, ()
-            if has_remote:  # queues the producers' sends first
-                wanted = [placeholder_refs((c.args, c.kwargs)) for c in calls]
-                rdt = before_submit(self, calls, wanted, held)
+        if local is not None and local.held:
+            producers = local.producers  # queues the producers' sends first
+            wanted = [placeholder_refs((c.args, c.kwargs)) for c in calls]
+            rdt = before_submit(self, calls, wanted, local.held)
         has_arguments = False
         for c in calls:  # a loop, not any(<generator>): this runs on every call
             if c.args or c.kwargs:
@@ -306,7 +296,7 @@ class RayWorkerGroup(WorkerGroup):
             return refs
 
     # ------------------------------------------------------------------ chaining
-    def resolve_argument(self, value: LazyCollect, dispatcher: Any = None) -> Any:
+    def resolve_argument(self, value: LazyCollect, call: PreparedCall) -> Any:
         """Hand a producer's results to this group's workers without fetching them here.
 
         For every built-in collector, the argument becomes a placeholder built from the
@@ -323,6 +313,7 @@ class RayWorkerGroup(WorkerGroup):
         pending = getattr(source, "pending", None)
         if value.resolved or not isinstance(pending, RayPendingCall):
             return value()
+        dispatcher = call.dispatcher
         if dispatcher is not None and type(dispatcher) not in PLACEHOLDER_DISPATCHERS:
             return value()
         try:
@@ -334,11 +325,13 @@ class RayWorkerGroup(WorkerGroup):
         )
         if placeholder is None:
             return value()
-        self._local.placeholders = True
+        local = call.backend_data
+        if local is None:
+            local = call.backend_data = _CallArguments()
         held = held_replies(pending.value_refs, replies)
         if held:
-            mine = self._local.held or {}
+            mine = local.held or {}
             mine.update({ref: (h, pending.workers) for ref, h in held.items()})
-            self._local.held = mine
-            self._local.producers = (*self._local.producers, pending)
+            local.held = mine
+            local.producers = (*local.producers, pending)
         return placeholder

@@ -23,13 +23,14 @@ from twinkle_core import (
     DeviceMesh,
     TwinkleError,
     get_device_placement,
+    init_distributed,
     initialize,
     remote_class,
     remote_function,
     shutdown,
 )
 from twinkle_core.runtime import current_runtime
-from twinkle_local import init_distributed, to_torch_device_mesh
+from twinkle_local import to_torch_device_mesh
 
 RANK = int(os.environ["RANK"])
 RESULTS: dict = {}
@@ -87,7 +88,7 @@ def local_checks() -> dict:
     out: dict = {"run_name": config.name}
     try:
         backend = current_runtime().backend
-        control = backend.channel.group
+        control = backend.session.channel.group
         out["dist_backend_default"] = dist.get_backend()
         out["dist_backend_control"] = dist.get_backend(control)
         out["control_is_separate"] = control is not dist.group.WORLD
@@ -136,7 +137,7 @@ def user_group_checks() -> dict:
     initialize("local", seed=3, groups=[DeviceGroup("two", 2, "cpu")], timeout=120)
     try:
         step = Step(remote_group="two")
-        out = {"mean": step.b()(), "owns": current_runtime().backend._owns_default_group}
+        out = {"mean": step.b()(), "owns": current_runtime().backend.groups.owns_default_group}
     finally:
         shutdown()
     out["kept"] = dist.is_initialized()

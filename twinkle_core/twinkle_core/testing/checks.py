@@ -28,6 +28,7 @@ from twinkle_core import (
     remote_function,
 )
 
+from ..plugin import Dispatcher
 from .runner import Check, CheckFailed, Session, expect, expect_raises, expect_true, notes_of, show
 
 # ----------------------------------------------------------------------------- call sites
@@ -62,9 +63,14 @@ def stride_dispatch(args: tuple, kwargs: dict, n_workers: int, device_mesh: Devi
     return [((items[i::n_workers],), {"n": n_workers}) for i in range(n_workers)]
 
 
-def one_share_dispatch(args: tuple, kwargs: dict, n_workers: int, device_mesh: DeviceMesh) -> list:
-    """A broken dispatcher: one share, whatever the number of workers."""
-    return [(args, kwargs)]
+class OneShareDispatcher(Dispatcher):
+    """A broken dispatcher object (a `Dispatcher` subclass, as a dispatcher plugin registers):
+    one share, whatever the number of workers."""
+
+    name = "one_share"
+
+    def dispatch(self, args: tuple, kwargs: dict, n_workers: int, device_mesh: DeviceMesh) -> list:
+        return [(args, kwargs)]
 
 
 def spread_collect(results: list, device_mesh: DeviceMesh | None) -> dict:
@@ -111,7 +117,7 @@ class Probe:
     def strided(self, items, n):
         return [_rank(), items, n]
 
-    @remote_function(dispatch=one_share_dispatch, collect="none")
+    @remote_function(dispatch=OneShareDispatcher(), collect="none")
     def one_share(self, x):
         self.one_share_runs += 1
         return x
@@ -613,6 +619,29 @@ def check_lazy_nested_in_arguments(run: Session) -> None:
     )
 
 
+def check_dispatcher_raising_leaves_nothing_behind(run: Session) -> None:
+    one = run.shared(Probe, "one")
+    two = run.shared(Probe, "two")
+    # The LazyCollect is resolved for the call (a backend may keep what it learns for the
+    # submission), then slice_dp refuses the batch: nothing of that call may reach the next.
+    exc = expect_raises(
+        "two.dp_items({'x': one.count_up(4), 'y': [1, 2, 3]}) (lengths 4 and 3)",
+        lambda: two.dp_items({"x": one.count_up(4), "y": [1, 2, 3]}),
+        ConfigurationError,
+    )
+    expect_true("the error names slice_dp", "slice_dp" in str(exc), str(exc))
+    expect(
+        "two.all_args([1, 2], 3) right after the refused call",
+        two.all_args([1, 2], 3)(),
+        [[0, [1, 2], 3, None], [1, [1, 2], 3, None]],
+    )
+    expect(
+        "two.dp_items(one.count_up(4)) right after the refused call",
+        two.dp_items(one.count_up(4))(),
+        [[0, [0, 1]], [1, [2, 3]]],
+    )
+
+
 def check_iterate_remote_loader(run: Session) -> None:
     loader = Loader(3, remote_group="two")
     expect("[item for item in loader]", [item for item in loader], [[0, 10], [0, 20], [0, 30]])
@@ -866,6 +895,12 @@ _CHECKS: tuple[Check, ...] = (
         "LazyCollects nested in a dict/list argument",
         (("two", 2), ("one", 1)),
         check_lazy_nested_in_arguments,
+    ),
+    Check(
+        "dispatcher_raising_leaves_nothing_behind",
+        "a dispatcher raising after a LazyCollect argument was resolved leaves nothing behind",
+        (("two", 2), ("one", 1)),
+        check_dispatcher_raising_leaves_nothing_behind,
     ),
     Check(
         "iterate_remote_loader",
