@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import tomllib
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,8 @@ from twinkle_core import (
     remote_class,
     remote_function,
 )
+from twinkle_core.plugin import ExecutionBackend, hookimpl
+from twinkle_core.plugins import plugin_system
 from twinkle_core.tools.cli import main as cli_main
 from twinkle_core.tools.placement_plan import PlacementFileError, load_plan, render_plan
 
@@ -582,3 +585,70 @@ def test_line_numbers_follow_the_source(tmp_path, layout):
     with pytest.raises(PlacementFileError) as exc:
         load_plan(path)
     assert [i.line for i in exc.value.issues] == [json_target]
+
+
+# --------------------------------------------------------------------------- the planning hook
+class _MirrorBackend(ExecutionBackend):
+    """A backend whose placement rule differs: it counts nodes from the end."""
+
+    name = "mirror"
+
+    @classmethod
+    def plan_placement(cls, groups, nproc_per_node):
+        plan = super().plan_placement(groups, nproc_per_node)
+        return {
+            name: [replace(p, node=f"far-{p.node}") if p.node else p for p in placements]
+            for name, placements in plan.items()
+        }
+
+    def create_workers(self, cls, group, device_mesh, args, kwargs, *, num_workers):
+        raise NotImplementedError
+
+
+class _MirrorPlugin:
+    @hookimpl
+    def register_backends(self, register):
+        register("mirror", _MirrorBackend)
+
+
+def test_placement_asks_the_backend_that_would_run_the_plan(tmp_path, capsys, fresh_plugins):
+    """`--mode NAME` draws what that backend's `plan_placement` answers; without it, the
+    device-rank rule (`DeviceGroup.worker_node`/`worker_devices`) every built-in one follows."""
+    path = tmp_path / "g.toml"
+    path.write_text(
+        'nproc_per_node = 2\n[[groups]]\nname = "m"\nranks = [0, 1, 2, 3]\ndevice_type = "cuda"\n'
+    )
+    default = load_plan(path)
+    assert [(w.node, w.devices) for w in default.workers["m"]] == [
+        ("node0", (0,)),
+        ("node0", (1,)),
+        ("node1", (0,)),
+        ("node1", (1,)),
+    ]
+    plugin_system().add(_MirrorPlugin(), "mirror-plugin")
+    assert cli_main(["placement", str(path), "--mode", "mirror"]) == 0
+    out = capsys.readouterr().out
+    assert "node far-node1  device cuda:0" in out and "node node1 " not in out
+    assert cli_main(["placement", str(path), "--mode", "no-such-mode"]) == 1
+    err = capsys.readouterr().err
+    assert "--mode no-such-mode" in err and "installed:" in err
+
+
+@given(
+    npn=st.integers(1, 8),
+    per_worker=st.sampled_from([1, 2, 4]),
+    workers=st.integers(1, 6),
+    first=st.integers(0, 16),
+)
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_the_device_rank_rule(npn, per_worker, workers, first):
+    """Device rank r sits on node r // nproc_per_node at local device r % nproc_per_node; a
+    worker is placed on its first rank's node, and spans nodes exactly when its ranks do."""
+    ranks = list(range(first, first + per_worker * workers))
+    group = DeviceGroup("g", ranks=ranks, device_type="cuda", gpus_per_worker=per_worker)
+    for w in range(workers):
+        own = ranks[w * per_worker : (w + 1) * per_worker]
+        assert group.worker_node(w, npn) == own[0] // npn
+        assert group.worker_devices(w, npn) == tuple(r % npn for r in own)
+        spans = len({r // npn for r in own}) > 1
+        assert (group.spanning_message(w, npn) is not None) == spans

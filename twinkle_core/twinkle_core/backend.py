@@ -203,6 +203,28 @@ class ExecutionBackend(ABC):
     ) -> WorkerGroup:
         """Create `num_workers` instances of `cls(*args, **kwargs)` on `group`, one per rank."""
 
+    @classmethod
+    def plan_placement(
+        cls, groups: list[DeviceGroup], nproc_per_node: int | None
+    ) -> dict[str, list[WorkerPlacement]]:
+        """Where each worker of `groups` would run, without a cluster: what `twinkle
+        placement --mode NAME` draws. By default the device-rank rule of `DeviceGroup`
+        (`worker_node`, `worker_devices`), which both built-in backends follow; CPU workers
+        (or any worker when `nproc_per_node` is None) get no node, the backend picks it. A
+        backend that places differently overrides this, so the tool shows its rule."""
+        out: dict[str, list[WorkerPlacement]] = {}
+        for group in groups:
+            placements = []
+            for w in range(group.num_workers):
+                if group.is_cpu or nproc_per_node is None:
+                    placements.append(WorkerPlacement(w, None, (), group.device_type))
+                    continue
+                node = f"node{group.worker_node(w, nproc_per_node)}"
+                devices = group.worker_devices(w, nproc_per_node)
+                placements.append(WorkerPlacement(w, node, devices, group.device_type))
+            out[group.name] = placements
+        return out
+
     def shutdown(self) -> None:
         """Release everything the backend made; safe to call twice."""
 

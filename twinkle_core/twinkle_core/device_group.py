@@ -118,3 +118,37 @@ class DeviceGroup:
         """The device ranks that worker number `worker` of this group owns."""
         g = self.gpus_per_worker
         return self._rank_list[worker * g : (worker + 1) * g]
+
+    # ------------------------------------------------------------------ the device-rank rule
+    # Written once, here: accelerator groups share one device-rank space per device type, and
+    # node `i` holds device ranks `i*nproc_per_node ... (i+1)*nproc_per_node-1`. The Ray
+    # backend places its workers by it, `twinkle placement` draws plans by it
+    # (`ExecutionBackend.plan_placement`), and torchrun's launcher lays processes out the same.
+
+    def spanned_nodes(self, worker: int, nproc_per_node: int) -> list[int]:
+        """The node indices worker `worker`'s device ranks fall on (one, unless it spans)."""
+        return sorted({r // nproc_per_node for r in self.worker_ranks(worker)})
+
+    def worker_node(self, worker: int, nproc_per_node: int) -> int:
+        """The index of the node worker `worker` runs on (that of its first device rank)."""
+        return self.worker_ranks(worker)[0] // nproc_per_node
+
+    def worker_devices(self, worker: int, nproc_per_node: int) -> tuple[int, ...]:
+        """Worker `worker`'s devices on its node: its `visible_devices` when given, else each
+        device rank's place on its node (`rank % nproc_per_node`)."""
+        if self.visible_devices is not None:
+            g = self.gpus_per_worker
+            return tuple(self.visible_devices[worker * g : (worker + 1) * g])
+        return tuple(r % nproc_per_node for r in self.worker_ranks(worker))
+
+    def spanning_message(self, worker: int, nproc_per_node: int) -> str | None:
+        """Why worker `worker` cannot be placed (its devices span nodes), or None."""
+        spanned = self.spanned_nodes(worker, nproc_per_node)
+        if len(spanned) < 2:
+            return None
+        return (
+            f"worker {worker} owns device ranks {list(self.worker_ranks(worker))}, which span "
+            f"nodes {', '.join(str(n) for n in spanned)} with nproc_per_node={nproc_per_node}; "
+            "a worker must sit on one node: make gpus_per_worker divide nproc_per_node and "
+            "align the ranks"
+        )

@@ -138,14 +138,9 @@ class ResourceManager:
                 )
             for g in groups:
                 for w in range(g.num_workers):
-                    spanned = {r // npn for r in g.worker_ranks(w)}
-                    if len(spanned) > 1:
-                        raise ConfigurationError(
-                            f"DeviceGroup {g.name!r}: worker {w} owns device ranks "
-                            f"{list(g.worker_ranks(w))}, which span nodes with "
-                            f"nproc_per_node={npn}; a worker must sit on one node: make "
-                            f"gpus_per_worker divide nproc_per_node and align the ranks"
-                        )
+                    spans = g.spanning_message(w, npn)
+                    if spans is not None:
+                        raise ConfigurationError(f"DeviceGroup {g.name!r}: {spans}")
             self.npn[dt] = npn
             plan[dt] = (resource, npn, eligible[:n_nodes])
             self._check_visible_devices(dt, [(n, None) for n in eligible[:n_nodes]], resource)
@@ -305,7 +300,7 @@ class ResourceManager:
             used: dict[tuple[str, int], int] = {}
             for w in range(group.num_workers):
                 ranks = group.worker_ranks(w)
-                node, held = nodes[ranks[0] // npn]
+                node, held = nodes[group.worker_node(w, npn)]
                 for i, rank in enumerate(ranks):
                     device = group.visible_devices[w * g + i]
                     where = (
@@ -358,13 +353,13 @@ class ResourceManager:
         raw = []
         for w in range(num_workers):
             ranks = group.worker_ranks(w)
-            res = reservations[ranks[0] // npn]
+            res = reservations[group.worker_node(w, npn)]
+            local = group.worker_devices(w, npn)
             if group.visible_devices is not None:
-                g = group.gpus_per_worker
                 # Pinned by the user (checked against the node in `_check_visible_devices`).
-                devices = tuple(group.visible_devices[w * g : (w + 1) * g])
-            else:
-                devices = tuple(res.devices[r % npn] for r in ranks)
+                devices = local
+            else:  # the rule's places on the node, as the devices this run holds there
+                devices = tuple(res.devices[i] for i in local)
             cpu = float(res.pg.bundle_specs[0].get("CPU", 0.0))
             request = {res.resource: round(len(ranks) * TOKEN_SHARE, 4)}
             if cpu:

@@ -19,6 +19,7 @@ import json
 import sys
 from collections.abc import Sequence
 
+from ..errors import PluginNotFoundError
 from ..plugins import KINDS, core_version, plugin_system
 
 
@@ -91,7 +92,12 @@ def _placement(args: argparse.Namespace) -> int:
     from .placement_plan import PlacementFileError, load_plan, render_plan
 
     try:
-        plan = load_plan(args.file, nproc_per_node=args.nproc_per_node, nodes=args.nodes)
+        plan = load_plan(
+            args.file, nproc_per_node=args.nproc_per_node, nodes=args.nodes, mode=args.mode
+        )
+    except PluginNotFoundError as exc:
+        print(f"twinkle placement: --mode {args.mode}: {exc}", file=sys.stderr)
+        return 1
     except PlacementFileError as exc:
         count = len(exc.issues)
         print(
@@ -162,6 +168,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=None,
         metavar="N",
         help="devices per node (overrides the file's nproc_per_node)",
+    )
+    placement.add_argument(
+        "--mode",
+        default=None,
+        metavar="NAME",
+        help="place as backend NAME would (it is asked: ExecutionBackend.plan_placement); "
+        "default: the device-rank rule every built-in backend follows",
     )
     placement.add_argument(
         "--nodes",

@@ -22,7 +22,10 @@ applies. On top of them the plan checks what only the whole layout shows: one de
 two accelerator groups of a device type, a CPU group given device ranks, a device type no
 platform knows, a worker whose devices span nodes, and ranks beyond `nodes * nproc_per_node`.
 Device rank `r` goes to node `r // nproc_per_node` and local device `r % nproc_per_node`, as
-the Ray backend plans it. Every problem names its group and the line of the file to fix.
+the Ray backend plans it: the rule is `DeviceGroup`'s (`worker_node`, `worker_devices`), and
+the plan is asked of the backend that would run it (`ExecutionBackend.plan_placement`;
+`--mode NAME`, by default the rule itself). Every problem names its group and the line of the
+file to fix.
 """
 
 from __future__ import annotations
@@ -35,11 +38,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..backend import ExecutionBackend
 from ..device_group import DeviceGroup, canonical_device_type
 from ..errors import ConfigurationError
 from ..install_hints import install_command, install_hint, known_names
 from ..placement import draw_box, format_ranks, group_line, worker_line
-from ..plugins import registered_names
+from ..plugins import get_plugin, registered_names
 
 #: Keys a group table may have: `DeviceGroup`'s arguments.
 GROUP_KEYS = ("name", "ranks", "device_type", "gpus_per_worker", "visible_devices")
@@ -343,10 +347,12 @@ def build_plan(
     *,
     nproc_per_node: int | None = None,
     nodes: int | None = None,
+    backend: type[ExecutionBackend] = ExecutionBackend,
 ) -> Plan:
     """Check the parsed file and place its groups; a `PlacementFileError` lists every problem.
 
-    `nproc_per_node` and `nodes` (from the command line) override the file's values.
+    `nproc_per_node` and `nodes` (from the command line) override the file's values; the
+    workers are placed by `backend.plan_placement` (by default the device-rank rule).
     """
     issues: list[PlanIssue] = []
     if not isinstance(data, dict):
@@ -520,8 +526,7 @@ def build_plan(
         groups=[g for _, g in groups],
         notes=notes,
     )
-    for group in plan.groups:
-        plan.workers[group.name] = _place(group, npn)
+    _place(plan, backend)
     return plan
 
 
@@ -570,18 +575,12 @@ def _node_fit(
             )
             continue
         for w in range(group.num_workers):
-            spanned = sorted({r // npn for r in group.worker_ranks(w)})
-            if len(spanned) > 1:
+            spans = group.spanning_message(w, npn)
+            if spans is not None:
                 key = "gpus_per_worker" if group.gpus_per_worker > 1 else "ranks"
                 issues.append(
                     PlanIssue(
-                        lines.key(index, key),
-                        f"group {group.name!r}: worker {w} owns device ranks "
-                        f"{list(group.worker_ranks(w))}, which span nodes "
-                        f"{', '.join(str(n) for n in spanned)} with nproc_per_node={npn}; a "
-                        "worker must sit on one node: make gpus_per_worker divide "
-                        "nproc_per_node and align the ranks",
-                        (group.name,),
+                        lines.key(index, key), f"group {group.name!r}: {spans}", (group.name,)
                     )
                 )
                 break
@@ -617,34 +616,36 @@ def _node_fit(
     return issues
 
 
-def _place(group: DeviceGroup, npn: int | None) -> list[PlannedWorker]:
-    workers = []
-    for w in range(group.num_workers):
-        ranks = group.worker_ranks(w)
-        if group.is_cpu or npn is None:
-            workers.append(PlannedWorker(w, None, (), ranks))
-            continue
-        if group.visible_devices is not None:
-            g = group.gpus_per_worker
-            devices = tuple(int(d) for d in group.visible_devices[w * g : (w + 1) * g])
-        else:
-            devices = tuple(r % npn for r in ranks)
-        workers.append(PlannedWorker(w, f"node{ranks[0] // npn}", devices, ranks))
-    return workers
+def _place(plan: Plan, backend: type[ExecutionBackend]) -> None:
+    """Ask `backend` where each worker goes (`ExecutionBackend.plan_placement`)."""
+    placed = backend.plan_placement(plan.groups, plan.nproc_per_node)
+    for group in plan.groups:
+        plan.workers[group.name] = [
+            PlannedWorker(p.rank, p.node, tuple(p.devices), group.worker_ranks(p.rank))
+            for p in placed[group.name]
+        ]
 
 
 # --------------------------------------------------------------------------- entry points
 def load_plan(
-    path: str | Path, *, nproc_per_node: int | None = None, nodes: int | None = None
+    path: str | Path,
+    *,
+    nproc_per_node: int | None = None,
+    nodes: int | None = None,
+    mode: str | None = None,
 ) -> Plan:
-    """Read, check and place a placement file (TOML, or JSON by its `.json` suffix)."""
+    """Read, check and place a placement file (TOML, or JSON by its `.json` suffix), as the
+    backend of `mode` would place it (None: the device-rank rule every built-in one follows)."""
     name = str(path)
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise PlacementFileError(name, [PlanIssue(1, f"cannot read the file: {exc}")]) from None
     data, lines = parse_text(text, name)
-    return build_plan(data, lines, name, nproc_per_node=nproc_per_node, nodes=nodes)
+    backend = ExecutionBackend if mode is None else get_plugin("backends", mode)
+    return build_plan(
+        data, lines, name, nproc_per_node=nproc_per_node, nodes=nodes, backend=backend
+    )
 
 
 def render_plan(plan: Plan) -> str:
