@@ -208,7 +208,7 @@ def _drawing_before_the_refactor() -> str:
                 node = p.node or "-"
                 lines.append(
                     f"    rank {p.rank:<3} node {node}  device {devices}  "
-                    f"data rank {mesh.data_rank(p.rank) if p.rank in mesh.ranks else '-'}"
+                    f"data rank {mesh.data_rank_of(p.rank) if p.rank in mesh.ranks else '-'}"
                 )
     width = max(len(line) for line in lines)
     top = "┌" + "─" * (width + 2) + "┐"

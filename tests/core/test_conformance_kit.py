@@ -138,13 +138,14 @@ def test_the_kit_has_at_least_twenty_named_checks():
         "iterate_remote_loader", "seeded_random",
         "error_value_error", "error_key_error", "error_os_error", "error_two_arg_init",
         "error_unpicklable_attribute", "timeout_per_method", "dispatch_wrong_share_count",
-        "mesh_dp2_tp2_slice_dp", "mesh_dp2_tp2_reductions",
+        "mesh_dp2_tp2_slice_dp", "mesh_dp2_tp2_reductions", "mesh_accessors",
     ):  # fmt: skip
         assert needed in names
     worlds = {c.name: c.world_size for c in checks}
     assert {n for n, w in worlds.items() if w > 2} == {
         "mesh_dp2_tp2_slice_dp",
         "mesh_dp2_tp2_reductions",
+        "mesh_accessors",
     }
     assert all(1 <= w <= 4 for w in worlds.values())
 

@@ -64,7 +64,7 @@ def test_mesh_from_sizes_layout():
     assert mesh.world_size == 8
     assert mesh.parallelism() == {"pp": 2, "dp": 2, "tp": 2}
     # tp is innermost: ranks 0 and 1 are tp peers sharing data rank 0
-    assert [mesh.data_rank(r) for r in range(8)] == [0, 0, 1, 1, 0, 0, 1, 1]
+    assert [mesh.data_rank_of(r) for r in range(8)] == [0, 0, 1, 1, 0, 0, 1, 1]
     assert mesh.pp_last_ranks() == [4, 5, 6, 7]
     assert mesh.collect_ranks() == [4, 6]
     assert mesh.data_world_size == 2
@@ -75,7 +75,7 @@ def test_mesh_from_sizes_layout():
 def test_mesh_fsdp_counts_as_data():
     mesh = DeviceMesh.from_sizes(dp_size=2, fsdp_size=2)
     assert mesh.data_world_size == 4
-    assert [mesh.data_rank(r) for r in range(4)] == [0, 1, 2, 3]
+    assert [mesh.data_rank_of(r) for r in range(4)] == [0, 1, 2, 3]
 
 
 def test_mesh_equality_and_pickle():
@@ -94,7 +94,7 @@ def test_mesh_equality_and_pickle():
         (lambda: DeviceMesh.from_sizes(bogus=2), "unexpected argument"),
         (lambda: DeviceMesh(np.array([0, 0]), ("dp",)), "distinct"),
         (lambda: DeviceMesh(np.arange(4).reshape(2, 2), ("dp",)), "names"),
-        (lambda: DeviceMesh.from_sizes(dp_size=2).data_rank(5), "not in this mesh"),
+        (lambda: DeviceMesh.from_sizes(dp_size=2).data_rank_of(5), "not in this mesh"),
     ],
 )
 def test_mesh_rejects_bad_input(call, needle):

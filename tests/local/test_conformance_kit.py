@@ -19,7 +19,7 @@ from .conftest import TORCHRUN_VARS
 
 pytestmark = pytest.mark.slow
 
-FOUR_RANK_CHECKS = ["mesh_dp2_tp2_reductions", "mesh_dp2_tp2_slice_dp"]
+FOUR_RANK_CHECKS = ["mesh_accessors", "mesh_dp2_tp2_reductions", "mesh_dp2_tp2_slice_dp"]
 
 
 def _torchrun(nproc: int) -> str:
@@ -54,7 +54,7 @@ def four_ranks(tmp_path_factory):
         "local",
         launcher=_torchrun(4),
         options={"timeout": 120},
-        select=["mesh_dp2_tp2"],
+        select=["mesh_dp2_tp2", "mesh_accessors"],
         cwd=tmp_path_factory.mktemp("kit4"),
         env=_env(),
         timeout=300,
@@ -68,11 +68,11 @@ def test_two_ranks_pass_every_check_that_fits(two_ranks):
     assert run.passed >= 20 and run.failed == 0 and run.errors == 0, run.output
     assert sorted(run.not_applicable_checks) == FOUR_RANK_CHECKS, run.output
     assert run.passed + run.not_applicable == len(conformance_checks())
-    assert f"{run.passed} passed, 0 failed, 2 not applicable" in run.output.splitlines()
+    assert f"{run.passed} passed, 0 failed, 3 not applicable" in run.output.splitlines()
 
 
 @pytest.mark.timeout(700)
 def test_four_ranks_run_the_dp2_tp2_checks(four_ranks):
     run = four_ranks
     assert run.returncode == 0, run.output
-    assert "2 passed, 0 failed" in run.output.splitlines(), run.output
+    assert "3 passed, 0 failed" in run.output.splitlines(), run.output

@@ -18,6 +18,7 @@ import time
 
 import pytest
 from _support import prestart
+from _support.mesh_reader import EXPECTED
 from _support.net import free_port
 
 from .conftest import JOBS, run_job
@@ -71,6 +72,11 @@ def lost_job(tmp_path_factory, param):
 @prestart.fixture
 def wide_job(tmp_path_factory):
     return run_job("wide_job.py", tmp_path_factory.mktemp("wide"), nproc=4, timeout=180)
+
+
+@prestart.fixture
+def mesh_job(tmp_path_factory):
+    return run_job("mesh_job.py", tmp_path_factory.mktemp("mesh"), nproc=8, timeout=240)
 
 
 @prestart.fixture(first=True)
@@ -252,6 +258,17 @@ def test_sigterm_waits_for_queued_alerts(tmp_path):
     assert proc.returncode == -signal.SIGTERM  # still ends the way SIGTERM ends a process
     assert "disk full" in (tmp_path / "alert.txt").read_text()
     assert waited < 10
+
+
+def test_mesh_accessors_inside_eight_torchrun_workers(mesh_job):
+    """`mesh.pp_rank`/`dp_rank`/`fsdp_rank`/`tp_rank`/`data_rank` of the worker running the
+    code, on pp=2 x dp=2 x tp=2 and dp=2 x fsdp=4 meshes of 8 processes; every process sees
+    every worker's answer, and its driver code (outside any worker) gets None."""
+    job = mesh_job
+    assert job.returncode == 0, job.output[-6000:]
+    expected = {**EXPECTED, "driver": [None, None]}
+    for rank in range(8):
+        assert json.loads((job.out_dir / f"rank{rank}.json").read_text()) == expected, rank
 
 
 def test_four_processes_groups_smaller_than_the_world(wide_job):

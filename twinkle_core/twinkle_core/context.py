@@ -63,7 +63,7 @@ class WorkerContext:
     @property
     def data_rank(self) -> int:
         """Which data shard this worker receives from `slice_dp`."""
-        return self.device_mesh.data_rank(self.rank)
+        return self.device_mesh.data_rank_of(self.rank)
 
     @property
     def data_world_size(self) -> int:

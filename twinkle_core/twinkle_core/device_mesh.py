@@ -3,6 +3,12 @@
 Mesh entries are worker ranks within the class's group (0..n-1). Data dimensions (`dp`,
 `fsdp`) decide which share of a batch a worker receives; every other dimension (`tp`, `pp`,
 `cp`, `ep`, ...) holds peers that receive the same share.
+
+Inside a worker, the original Twinkle infra's per-dimension accessors answer for the worker
+running the code (its group rank, from the worker context, so every mode answers alike):
+`mesh.dp_rank`, `mesh.tp_rank`, ... (any dimension: `<name>_rank`), `mesh.data_rank`, and
+`mesh.<name>_world_size`. On the driver, or in a process whose rank is not in the mesh, the
+`_rank` accessors are None.
 """
 
 from __future__ import annotations
@@ -151,7 +157,7 @@ class DeviceMesh:
             self._remember("dws", lambda: int(np.prod([self.dim_size(d) for d in DATA_DIMS])))
         )
 
-    def data_rank(self, rank: int) -> int:
+    def data_rank_of(self, rank: int) -> int:
         """Which data shard `rank` consumes; tp/pp/cp/ep peers share the same data rank."""
 
         def compute() -> int:
@@ -161,6 +167,42 @@ class DeviceMesh:
             return data_rank
 
         return int(self._remember(("data_rank", int(rank)), compute))
+
+    # ----------------------------------------------------------------- the worker's own place
+    def _own_rank(self) -> int | None:
+        """The rank of the worker running this code, when it is in this mesh."""
+        from .context import get_worker_context
+
+        ctx = get_worker_context()
+        if ctx is None or ctx.rank not in self._coords:
+            return None
+        return ctx.rank
+
+    @property
+    def data_rank(self) -> int | None:
+        """The data shard of the worker running this code (`dp_rank * fsdp_world_size +
+        fsdp_rank`); None on the driver or outside the mesh."""
+        rank = self._own_rank()
+        return None if rank is None else self.data_rank_of(rank)
+
+    def _known_dim(self, name: str) -> bool:
+        return name in self.mesh_dim_names or name in STANDARD_DIMS
+
+    def __getattr__(self, name: str) -> Any:
+        """`<dim>_rank` (the running worker's coordinate along `dim`, None on the driver or
+        outside the mesh) and `<dim>_world_size` (the dimension's size), for every dimension
+        of the mesh and the standard ones (a standard dimension the mesh lacks has size 1 and
+        coordinate 0, as `dim_size` and `coordinate` answer)."""
+        if not name.startswith("_"):
+            if name.endswith("_world_size") and self._known_dim(name[: -len("_world_size")]):
+                return self.dim_size(name[: -len("_world_size")])
+            if name.endswith("_rank") and self._known_dim(name[: -len("_rank")]):
+                rank = self._own_rank()
+                return None if rank is None else self.coordinate(rank, name[: -len("_rank")])
+        raise AttributeError(
+            f"'DeviceMesh' object has no attribute {name!r} (dimensions: "
+            f"{', '.join(self.mesh_dim_names)}; per dimension: <name>_rank, <name>_world_size)"
+        )
 
     def get_slice(self, total: int, data_rank: int) -> slice:
         """The share of `total` items that data shard `data_rank` receives.
@@ -197,7 +239,7 @@ class DeviceMesh:
                 if d not in DATA_DIMS
             ):
                 continue
-            chosen.setdefault(self.data_rank(rank), rank)
+            chosen.setdefault(self.data_rank_of(rank), rank)
         return [chosen[d] for d in sorted(chosen)]
 
     def parallelism(self) -> dict[str, int]:

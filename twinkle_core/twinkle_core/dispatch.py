@@ -118,7 +118,7 @@ class SliceDPDispatcher(Dispatcher):
         shards: dict[int, tuple[tuple, dict]] = {}
         out: WorkerArgs = []
         for worker in range(n_workers):
-            dr = device_mesh.data_rank(device_mesh.ranks[worker])
+            dr = device_mesh.data_rank_of(device_mesh.ranks[worker])
             if dr not in shards:
                 shards[dr] = (
                     tuple(

@@ -89,7 +89,7 @@ def get_device_placement() -> str:
                         p.node,
                         p.device_type,
                         p.devices,
-                        data_rank=mesh.data_rank(p.rank) if p.rank in mesh.ranks else "-",
+                        data_rank=mesh.data_rank_of(p.rank) if p.rank in mesh.ranks else "-",
                     )
                 )
     return draw_box(lines)

@@ -271,6 +271,25 @@ class MeshHolder:
 
 
 @remote_class()
+class MeshReader:
+    """Reads the original Twinkle infra's per-dimension accessors of its own mesh."""
+
+    def __init__(self, device_mesh):
+        self.device_mesh = device_mesh
+
+    @remote_function(dispatch="all", collect="none")
+    def accessors(self):
+        m = self.device_mesh
+        ctx = get_worker_context()
+        agrees = m.data_rank == ctx.data_rank and all(
+            getattr(m, f"{d}_rank") == m.coordinate(ctx.rank, d) for d in m.mesh_dim_names
+        )
+        ranks = [m.dp_rank, m.fsdp_rank, m.tp_rank, m.pp_rank, m.cp_rank, m.ep_rank]
+        sizes = [m.dp_world_size, m.fsdp_world_size, m.tp_world_size, m.pp_world_size]
+        return [ctx.rank, *ranks, m.data_rank, *sizes, agrees]
+
+
+@remote_class()
 class Offset:
     def __init__(self, offset, extras=None):
         self.offset = offset
@@ -777,6 +796,47 @@ def check_mesh_dp2_tp2_slice_dp(run: Session) -> None:
     )
 
 
+def check_mesh_accessors(run: Session) -> None:
+    # [rank, dp, fsdp, tp, pp, cp, ep ranks, data_rank, dp/fsdp/tp/pp world sizes, agrees]
+    cases = {
+        "dp=2 x tp=2": (
+            DeviceMesh.from_sizes(dp_size=2, tp_size=2),
+            [
+                [0, 0, 0, 0, 0, 0, 0, 0, 2, 1, 2, 1, True],
+                [1, 0, 0, 1, 0, 0, 0, 0, 2, 1, 2, 1, True],
+                [2, 1, 0, 0, 0, 0, 0, 1, 2, 1, 2, 1, True],
+                [3, 1, 0, 1, 0, 0, 0, 1, 2, 1, 2, 1, True],
+            ],
+        ),
+        "dp=2 x fsdp=2": (
+            DeviceMesh.from_sizes(dp_size=2, fsdp_size=2),
+            [
+                [0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 1, 1, True],
+                [1, 0, 1, 0, 0, 0, 0, 1, 2, 2, 1, 1, True],
+                [2, 1, 0, 0, 0, 0, 0, 2, 2, 2, 1, 1, True],
+                [3, 1, 1, 0, 0, 0, 0, 3, 2, 2, 1, 1, True],
+            ],
+        ),
+        "pp=2 x dp=1 x tp=2": (
+            DeviceMesh.from_sizes(pp_size=2, tp_size=2),
+            [
+                [0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 2, 2, True],
+                [1, 0, 0, 1, 0, 0, 0, 0, 1, 1, 2, 2, True],
+                [2, 0, 0, 0, 1, 0, 0, 0, 1, 1, 2, 2, True],
+                [3, 0, 0, 1, 1, 0, 0, 0, 1, 1, 2, 2, True],
+            ],
+        ),
+    }
+    for label, (mesh, expected) in cases.items():
+        reader = MeshReader(remote_group="four", device_mesh=mesh)
+        expect(f"mesh accessors inside the workers on {label}", reader.accessors()(), expected)
+        expect(
+            f"mesh accessors of {label} on the driver",
+            [mesh.dp_rank, mesh.tp_rank, mesh.data_rank, mesh.dp_world_size],
+            [None, None, None, mesh.dim_size("dp")],
+        )
+
+
 def check_mesh_dp2_tp2_reductions(run: Session) -> None:
     probe = run.shared(Probe, "four", device_mesh=DeviceMesh.from_sizes(dp_size=2, tp_size=2))
     batch = [1, 2, 3, 4, 5, 6, 7]
@@ -956,6 +1016,13 @@ _CHECKS: tuple[Check, ...] = (
         "slice_dp on dp=2 x tp=2 shards by data rank",
         (("four", 4),),
         check_mesh_dp2_tp2_slice_dp,
+    ),
+    Check(
+        "mesh_accessors",
+        "mesh.dp_rank/tp_rank/.../data_rank and <dim>_world_size answer for the worker running "
+        "the code (None on the driver)",
+        (("four", 4),),
+        check_mesh_accessors,
     ),
     Check(
         "mesh_dp2_tp2_reductions",
