@@ -266,3 +266,21 @@ def test_full_determinism_reaches_the_workers(monkeypatch):
         shutdown()
         torch.use_deterministic_algorithms(before)
         torch.backends.cudnn.deterministic = False
+
+
+@remote_class(colocate=False)
+class OwnProcesses:
+    def __init__(self):
+        self.x = 1
+
+
+def test_colocate_false_is_refused_under_torchrun_naming_the_fix():
+    """torchrun's processes are fixed at launch: every object of a rank shares its one."""
+    initialize("local", groups=[DeviceGroup("g", 1, "cpu")])
+    try:
+        with pytest.raises(ConfigurationError) as info:
+            OwnProcesses(remote_group="g")
+    finally:
+        shutdown()
+    text = str(info.value)
+    assert "OwnProcesses" in text and "colocate=False" in text and "mode 'ray'" in text

@@ -229,6 +229,9 @@ def test_done_is_fresh_and_stays_true(run, monkeypatch):
     end = time.monotonic() + 60
     while not call.done() and time.monotonic() < end:  # the next look after 50 ms sees it
         time.sleep(0.01)
+    # The run's watcher thread may have looked at the blocker just before it finished: that
+    # look is reused for up to LOOK_FRESH_S, after which the blocker's done() asks again.
+    time.sleep(0.1)
     assert call.done() and blocker.done()
     assert [call.done() for _ in range(3)] == [True] * 3
     assert call() == [None] and blocker() == [None]

@@ -62,7 +62,7 @@ from .notify import Notifier
 from .platform import AcceleratorPlatform, CpuPlatform, detect_platform, get_platform
 from .plugins import get_plugin, registered_names
 from .portable import PortableException, portable_exception, rebuilt
-from .remote import method_options
+from .remote import class_options, method_options
 from .seeding import get_rng_state, seed_everything, set_rng_state
 from .sensitive import looks_secret, secret_env_patterns
 from .slow_calls import waiting_for
@@ -124,6 +124,7 @@ __all__ = [
     "call_mesh",
     "check_op",
     "check_src",
+    "class_options",
     "combine",
     "detect_platform",
     "exit_error",

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import Any, TypeVar
 
 from .calls import EXECUTE_MODES, MethodSpec, RemoteBinding, invoke, resolve_lazy_values
@@ -122,6 +123,16 @@ def remote_function(
     return decorate
 
 
+def class_options(cls: type) -> Mapping[str, Any]:
+    """What `@remote_class` declared on `cls` (`execute`, `colocate`), read-only; the
+    defaults for a class without it. Backends ask here, never for the attribute itself."""
+    declared = getattr(cls, CLASS_ATTR, None)
+    return declared if declared is not None else _DEFAULT_CLASS_OPTIONS
+
+
+_DEFAULT_CLASS_OPTIONS: Mapping[str, Any] = MappingProxyType({"execute": "all", "colocate": True})
+
+
 def method_options(cls: type, method: str) -> MethodSpec | None:
     """What `@remote_function` declared on `cls.method` (dispatch, collect, timeout,
     transport, writable_args, ...), or None for a method without it. The one reader of
@@ -140,8 +151,14 @@ def remote_specs(cls: type) -> dict[str, MethodSpec]:
     return out
 
 
-def remote_class(_cls: T | None = None, *, execute: str = "all") -> Any:
+def remote_class(_cls: T | None = None, *, execute: str = "all", colocate: bool = True) -> Any:
     """Let a class be constructed on a device group: `Model(..., remote_group='model')`.
+
+    Objects created on the same group share that group's worker processes, one per rank, in
+    every mode (a policy and a reference model on the same devices; calls to them run in the
+    order issued). `colocate=False` gives each object of the class processes of its own on
+    backends that can (Ray), for a role that must not share (a crash-prone library); a
+    backend whose processes are fixed (torchrun) refuses it.
 
     With `remote_group`, the object on the driver stands for one worker instance per rank of
     the group (only the first with `execute='first'`); `device_mesh=` arranges them. A class
@@ -154,6 +171,11 @@ def remote_class(_cls: T | None = None, *, execute: str = "all") -> Any:
     if execute not in ("all", "first"):
         raise ConfigurationError(
             f"remote_class(execute=...) must be 'all' or 'first', got {execute!r}"
+        )
+    if not isinstance(colocate, bool):
+        raise ConfigurationError(
+            f"remote_class(colocate=...) must be True (share the group's processes) or False "
+            f"(processes of its own), got {colocate!r}"
         )
 
     def decorate(cls: T) -> T:
@@ -194,7 +216,7 @@ def remote_class(_cls: T | None = None, *, execute: str = "all") -> Any:
             )
 
         setattr(cls, "__init__", __init__)  # noqa: B010 - mypy rejects assigning a method
-        setattr(cls, CLASS_ATTR, {"execute": execute})
+        setattr(cls, CLASS_ATTR, MappingProxyType({"execute": execute, "colocate": colocate}))
         if "__iter__" in cls.__dict__ and "__next__" in cls.__dict__:
             iter_fn = cls.__dict__["__iter__"]
 

@@ -23,6 +23,7 @@ from twinkle_core.plugin import (
     AcceleratorPlatform,
     ExecutionBackend,
     WorkerGroup,
+    class_options,
     detect_platform,
     user_call_site,
 )
@@ -110,6 +111,14 @@ class LocalBackend(ExecutionBackend):
         exchanges = self.exchanges
         if exchanges.broken is not None:
             raise WorkerDiedError(exchanges.broken_message())
+        if not class_options(cls)["colocate"]:
+            raise ConfigurationError(
+                f"{cls.__name__}: @remote_class(colocate=False) asks for worker processes of "
+                f"its own, but under torchrun every object of group {group.name!r} lives in "
+                "the job's one process per rank (the processes are torchrun's, fixed at "
+                "launch). Drop colocate=False to run under torchrun; keep it for mode 'ray', "
+                "where it gives the object actors of its own"
+            )
         if num_workers > env.world_size:
             raise ConfigurationError(
                 f"{cls.__name__} needs {num_workers} workers on group {group.name!r} but the "

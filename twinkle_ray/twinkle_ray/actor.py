@@ -1,4 +1,5 @@
-"""The Ray actor that hosts one worker of a remote class.
+"""The Ray actor that hosts one rank of a device group: the worker of every remote object
+created on that group (colocated roles), each in a slot of its own.
 
 It sets the worker's environment first (rank variables, its visible devices, the pass-through
 variables), checks it landed where the plan says, and only then builds the user's object, so
@@ -6,14 +7,18 @@ variables), checks it landed where the plan says, and only then builds the user'
 is instantiated as `cls(*args, **kwargs)`: without `remote_group`, the `@remote_class` wrapper
 hands the arguments straight to the class's own `__init__`.
 
-Each user class gets its own actor class (`actor_class_for`) with one actor method per method of
-the user's class, so a call travels as `handle.<method>.remote(*args, **kwargs)`: exactly the
-arguments the user's method takes and nothing else (every extra argument of a Ray call costs
-serialization on both sides). Twinkle's own methods and attributes are named `_tw_*`.
+The actor class is made for the group's first object (`actor_class_for`), with one actor
+method per method of that class, so its calls travel as `handle.<method>.remote(*args,
+**kwargs)`: exactly the arguments the user's method takes and nothing else (every extra
+argument of a Ray call costs serialization on both sides). The group's later objects are built
+in the same actors (`_tw_construct_more`, slot 1, 2, ...), each seeded as a fresh worker with
+generators of its own that are swapped in around its calls (`WorkerState`), and are called by
+name (`_tw_call(slot, ...)`). Twinkle's own methods and attributes are named `_tw_*`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import sys
@@ -24,6 +29,7 @@ import ray
 
 from twinkle_core.plugin import (
     WorkerContext,
+    WorkerState,
     exit_error,
     format_remote_traceback,
     method_options,
@@ -79,6 +85,9 @@ class TwinkleActor:
         os.environ.update(boot.env)
         self._tw_boot = boot
         self._tw_instance: Any = None
+        #: Every object this actor hosts: (instance, class name, its worker state or None for
+        #: slot 0, whose context and generators are the process's own).
+        self._tw_slots: list[tuple[Any, str, WorkerState | None]] = []
         self._tw_refused: BaseException | None = None  # why `_tw_hello` failed, if it did
         WRITE_GUARD.on = True  # notice in-place writes into received object-store views
         _tracing.start_actor(boot.group, boot.class_name, boot.rank)  # trace, stack probe
@@ -151,6 +160,7 @@ class TwinkleActor:
             )
         os.environ["MASTER_ADDR"] = master[0]
         os.environ["MASTER_PORT"] = str(master[1])
+        self._tw_context = ctx
         set_process_worker_context(ctx)
         seed_everything(seed, full_determinism)
         rec = recorder()  # None unless the driver traces (tracing.py)
@@ -163,40 +173,85 @@ class TwinkleActor:
             if rec is not None:
                 boot = self._tw_boot
                 _tracing.record(rec, boot.group, boot.class_name, boot.rank, "__init__", start)
+        self._tw_slots = [(self._tw_instance, self._tw_boot.class_name, None)]
         self._maybe_register_tensors()
         return True
 
-    def _tw_run(self, method: str, args: tuple, kwargs: dict) -> Any:
-        """Run one method of the user's object; its result, large ones as a `Stored` envelope
-        (or a `Held` one when a device-direct transport carries it: `transfer.pack_result`)."""
+    def _tw_construct_more(
+        self,
+        slot: int,
+        ctx: WorkerContext,
+        seed: int,
+        full_determinism: bool,
+        cls: type,
+        /,
+        *args: Any,
+        **kwargs: Any,
+    ) -> bool:
+        """Build another object of the group in this process, in slot `slot`: seeded as a
+        fresh worker would be, with generators of its own; the process's (slot 0's) are left
+        as they were. Costs the object's `__init__` and nothing else."""
+        if len(self._tw_slots) != slot:
+            raise RuntimeError(
+                f"actor of group {self._tw_boot.group!r} rank {self._tw_boot.rank} holds "
+                f"{len(self._tw_slots)} object(s) and was asked to build slot {slot}"
+            )
+        # Collective and transport groups are joined by the process: its objects share them.
+        ctx = dataclasses.replace(ctx, collectives=self._tw_context.collectives)
+        try:
+            instance, state = WorkerState.construct(
+                cls, args, kwargs, ctx, seed=seed, full_determinism=full_determinism
+            )
+        except BaseException as exc:
+            # The slot stays taken (empty), so every rank numbers the later objects alike.
+            self._tw_slots.append((None, cls.__name__, None))
+            _raise_portable(exc, "__init__", ctx.rank)
+        self._tw_slots.append((instance, cls.__name__, state))
+        self._maybe_register_tensors()
+        return True
+
+    def _tw_run(self, method: str, args: tuple, kwargs: dict, slot: int = 0) -> Any:
+        """Run one method of the object in `slot`; its result, large ones as a `Stored`
+        envelope (or a `Held` one when a device-direct transport carries it:
+        `transfer.pack_result`). A later slot runs as its own worker: its context and
+        generators are swapped in around the call."""
+        instance, class_name, state = self._tw_slots[slot]
         seen = WRITE_GUARD.start()  # large tensors received as object-store views
-        if _writable_args(type(self._tw_instance), method):
+        if _writable_args(type(instance), method):
             args, kwargs = writable_copies((args, kwargs))
         rec = recorder()  # None unless the driver traces (tracing.py)
         start = now_ns() if rec is not None else 0
         try:
-            value = getattr(self._tw_instance, method)(*args, **kwargs)
+            if state is None:
+                value = getattr(instance, method)(*args, **kwargs)
+            else:
+                with state.activate():
+                    value = getattr(instance, method)(*args, **kwargs)
         except BaseException as exc:
             _raise_portable(exc, method, self._tw_boot.rank)
         finally:
             if rec is not None:
                 boot = self._tw_boot
-                _tracing.record(rec, boot.group, boot.class_name, boot.rank, method, start)
+                _tracing.record(rec, boot.group, class_name, boot.rank, method, start)
         if seen:
-            WRITE_GUARD.finish(seen, f"{self._tw_boot.class_name}.{method}")
+            WRITE_GUARD.finish(seen, f"{class_name}.{method}")
         if not _tensors_registered:
             self._maybe_register_tensors()
-        transport = _transport(type(self._tw_instance), method)
-        return pack_result(value, transport, f"{self._tw_boot.class_name}.{method}")
+        transport = _transport(type(instance), method)
+        return pack_result(value, transport, f"{class_name}.{method}")
 
-    def _tw_call(self, method: str, has_remote: bool, /, *args: Any, **kwargs: Any) -> Any:
-        """Any method by name; `has_remote` when the arguments hold remote placeholders
-        (results of another group, fetched here)."""
+    def _tw_call(
+        self, slot: int, method: str, has_remote: bool, /, *args: Any, **kwargs: Any
+    ) -> Any:
+        """Any method of the object in `slot` by name; `has_remote` when the arguments hold
+        remote placeholders (results of another group, fetched here)."""
         if has_remote:
             args, kwargs = materialize((args, kwargs))
-        return self._tw_run(method, args, kwargs)
+        return self._tw_run(method, args, kwargs, slot)
 
-    def _tw_call_rdt(self, method: str, keys: tuple, /, *args: Any, **kwargs: Any) -> Any:
+    def _tw_call_rdt(
+        self, slot: int, method: str, keys: tuple, /, *args: Any, **kwargs: Any
+    ) -> Any:
         """`_tw_call` for a consumer of results Ray Direct Transport carries: the first
         `len(keys)` arguments are their RDT refs, resolved by Ray into the tensors (moved
         device to device), which stand in for those held results (`transports.receive`)."""
@@ -204,7 +259,7 @@ class TwinkleActor:
 
         n = len(keys)
         with delivered(keys, args[:n]):
-            return self._tw_call(method, True, *args[n:], **kwargs)
+            return self._tw_call(slot, method, True, *args[n:], **kwargs)
 
     def _tw_rdt_give(self, key: str) -> list:
         """A held result's tensors, for a call submitted with `.options(tensor_transport=...)`:

@@ -25,6 +25,7 @@ from twinkle_core.plugin import (
     WorkerGroup,
     WorkerPlacement,
     WorkersFailedError,
+    class_options,
     get_platform,
     registered_names,
     waiting_for,
@@ -36,6 +37,7 @@ from . import transports
 from .actor import ActorBoot, actor_class_for
 from .cluster import ClusterConnection
 from .envvars import passthrough_patterns, select
+from .hosts import Hosts
 from .options import RayOptions
 from .payload_check import checked_arguments
 from .pending import RayPendingCall
@@ -118,6 +120,8 @@ class RayBackend(ExecutionBackend):
         self.connection = ClusterConnection()
         self.resources: ResourceManager | None = None
         self.worker_groups: list[RayWorkerGroup] = []
+        #: The actors of each group hosting colocated objects, by group name (`Hosts`).
+        self.hosts: dict[str, Hosts] = {}
         self.passthrough_env: dict[str, str] = {}
         self.noset: dict[str, str] = {}
         self._set_env: list[str] = []
@@ -183,6 +187,7 @@ class RayBackend(ExecutionBackend):
     def shutdown(self) -> None:
         """Kill every actor and remove every placement group of this run; safe twice."""
         groups, self.worker_groups = self.worker_groups, []
+        self.hosts = {}
         collectives, self.collectives = self.collectives, {}
         if ray.is_initialized():
             transports.GROUPS.leave_all()
@@ -244,6 +249,14 @@ class RayBackend(ExecutionBackend):
         ]
         args, kwargs = _resolve_lazies(args), _resolve_lazies(kwargs)
         rdt = wants_direct_transport(group, opts.direct_transport)
+        # One process per rank per group: an object joins the actors of the group's earlier
+        # objects, unless it asks for its own (colocate=False), the group restarts (issue 28:
+        # restarts rebuild one object's actors), or it needs other actors (execute='first'
+        # beside a full group, another Ray Direct Transport declaration).
+        shares = class_options(cls)["colocate"] and not opts.restarts(group.name)
+        hosts = self.hosts.get(group.name) if shares else None
+        if hosts is not None and hosts.fits(num_workers, rdt):
+            return self._colocate(hosts, cls, group, device_mesh, args, kwargs, instance)
         hosting, direct = actor_class(cls, rdt)
         workers = RayWorkerGroup(
             group,
@@ -282,6 +295,59 @@ class RayBackend(ExecutionBackend):
             raise
         if workers.restartable:
             workers.restarter = spawn
+        elif shares and (group.name not in self.hosts or not self.hosts[group.name].alive):
+            self.hosts[group.name] = Hosts(workers, slots, rdt)
+        return workers
+
+    def _colocate(
+        self,
+        hosts: Hosts,
+        cls: type,
+        group: DeviceGroup,
+        device_mesh: DeviceMesh,
+        args: tuple,
+        kwargs: dict,
+        instance: int,
+    ) -> RayWorkerGroup:
+        """Build another object in the actors of the group's first one (its next slot): its
+        `__init__` runs there, seeded as a fresh worker; no process starts."""
+        config, opts = self.config, self.options
+        assert config is not None and opts is not None
+        first = hosts.first
+        slot = hosts.take_slot()
+        workers = RayWorkerGroup(
+            group,
+            device_mesh,
+            cls.__name__,
+            first.handles,
+            first.placements,
+            config.name,
+            direct_transport=first.direct_transport,
+            slot=slot,
+            send_lock=first._send_lock,
+        )
+        workers.tag = f"{group.name}:{cls.__name__}:{instance}.0"
+        ranks = list(range(workers.size))
+        calls = [WorkerCall(r, args, kwargs) for r in ranks]
+        with checked_arguments(workers.class_name, "__init__", calls):
+            shipped = ship_all(calls)
+        refs = [
+            handle._tw_construct_more.remote(
+                slot,
+                self._context(workers, hosts.slots[r]),
+                config.seed,
+                config.full_determinism,
+                cls,
+                *a,
+                **k,
+            )
+            for r, (handle, (a, k)) in enumerate(zip(workers.handles, shipped, strict=True))
+        ]
+        construct = RayPendingCall(workers, "__init__", ranks, refs, 0)
+        what = f"group {group.name!r} ({cls.__name__} in the group's {workers.size} actors)"
+        with waiting_for(f"{cls.__name__}.__init__ on every actor of {what}"):
+            _raise_first(construct, opts.start_timeout, "construct")
+        self.worker_groups.append(workers)
         return workers
 
     def _spawn(
@@ -372,30 +438,34 @@ class RayBackend(ExecutionBackend):
         shipped = ship_all(calls)
         refs = []
         for slot, handle, (a, k) in zip(slots, workers.handles, shipped, strict=True):
-            ctx = WorkerContext(
-                rank=slot.rank,
-                world_size=slot.world_size,
-                local_rank=slot.local_rank,
-                local_world_size=slot.local_world_size,
-                group_name=workers.group.name,
-                device_mesh=workers.device_mesh,
-                node_id=slot.node.label,
-                device_type=workers.group.device_type,
-                # As torch sees them: visibility is narrowed to the worker's own devices, so
-                # they are 0..k-1 (the physical ids are in the placements and the env).
-                device_ids=(
-                    tuple(range(len(slot.devices)))
-                    if not workers.group.is_cpu
-                    else workers.placements[slot.rank].devices
-                ),
-                mode=self.name,
-            )
+            ctx = self._context(workers, slot)
             refs.append(
                 handle._tw_construct.remote(
                     master, ctx, config.seed, config.full_determinism, cls, *a, **k
                 )
             )
         return refs
+
+    def _context(self, workers: RayWorkerGroup, slot: Any) -> WorkerContext:
+        """The worker context of `workers`' rank `slot.rank` (a `resources.WorkerSlot`)."""
+        return WorkerContext(
+            rank=slot.rank,
+            world_size=slot.world_size,
+            local_rank=slot.local_rank,
+            local_world_size=slot.local_world_size,
+            group_name=workers.group.name,
+            device_mesh=workers.device_mesh,
+            node_id=slot.node.label,
+            device_type=workers.group.device_type,
+            # As torch sees them: visibility is narrowed to the worker's own devices, so
+            # they are 0..k-1 (the physical ids are in the placements and the env).
+            device_ids=(
+                tuple(range(len(slot.devices)))
+                if not workers.group.is_cpu
+                else workers.placements[slot.rank].devices
+            ),
+            mode=self.name,
+        )
 
     # ------------------------------------------------------------------ collective groups
     def create_collective_group(self, group, workers) -> None:

@@ -157,12 +157,25 @@ def create(spec: CollectiveGroup, workers: list[Any]) -> list[Any]:
     member handles. Bounded by `spec.timeout`; a member that fails or does not join in time is
     named in the error, and the members that did join leave again."""
     handles: list[Any] = []
+    seen: dict[str, str] = {}
     for w in workers:
         if w.torn_down is not None:
             raise ConfigurationError(
                 f"collective_group({spec.name!r}): group {w.group.name!r} ({w.class_name}) is "
                 f"torn down ({w.torn_down})"
             )
+        for h in w.handles:
+            actor_id = h._actor_id.hex()
+            other = seen.get(actor_id)
+            seen[actor_id] = w.class_name
+            if other is not None:
+                raise ConfigurationError(
+                    f"collective_group({spec.name!r}): {w.class_name} and {other} are colocated "
+                    f"on group {w.group.name!r} and share its worker processes, but a "
+                    "collective group needs one process per member. Give one of them "
+                    "processes of its own with @remote_class(colocate=False), or put it on "
+                    "another group"
+                )
         handles.extend(w.handles)
     assert len(handles) == spec.world_size
     try:

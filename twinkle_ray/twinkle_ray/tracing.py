@@ -211,15 +211,17 @@ def clock_offset(info: dict[str, Any], timeout: float = 5.0) -> tuple[int, int]:
 def _actors(backend: Any, workers: Any = None) -> list[tuple[str, str]]:
     """(actor id, who) of the run's actors (or one group's)."""
     groups = [workers] if workers is not None else list(getattr(backend, "worker_groups", ()))
-    out = []
+    out: dict[str, str] = {}  # colocated objects share their group's actors: each once
     for wg in groups:
         for rank, handle in enumerate(getattr(wg, "handles", ()) or ()):
             try:
                 actor_id = handle._actor_id.hex()
             except Exception:
                 continue
-            out.append((actor_id, f"group {wg.group.name!r} rank {rank} ({wg.class_name})"))
-    return out
+            who = out.get(actor_id)
+            label = f"group {wg.group.name!r} rank {rank} ({wg.class_name}"
+            out[actor_id] = label + ")" if who is None else f"{who[:-1]}, {wg.class_name})"
+    return list(out.items())
 
 
 def gather(rec: Any, backend: Any) -> None:

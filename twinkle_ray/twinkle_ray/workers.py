@@ -69,7 +69,9 @@ class _CallArguments:
 
 
 class RayWorkerGroup(WorkerGroup):
-    """One actor per worker; picklable (handles travel), so workers can call other groups."""
+    """The workers of one remote object: one actor per rank, shared with the other objects
+    colocated on the group (the object lives in slot `slot` of each actor); picklable
+    (handles travel), so workers can call other groups."""
 
     def __init__(
         self,
@@ -82,8 +84,12 @@ class RayWorkerGroup(WorkerGroup):
         restartable: bool = False,
         direct: frozenset[str] = frozenset(),
         direct_transport: bool = True,
+        slot: int = 0,
+        send_lock: threading.Lock | None = None,
     ) -> None:
         super().__init__(group, device_mesh, class_name, len(placements), placements)
+        #: Which object of the actors this is (0: the one their class was made for).
+        self.slot = slot
         self.run_name = run_name
         self.restartable = restartable
         #: Whether the actors are declared for Ray Direct Transport (`backend.actor_class`).
@@ -98,7 +104,9 @@ class RayWorkerGroup(WorkerGroup):
         #: calls of this process in the same order (Ray keeps each caller's order per actor):
         #: two driver threads calling at once must not run as call A then B on rank 0 and B
         #: then A on rank 1, which would pair mismatched results and deadlock collectives.
-        self._send_lock = threading.Lock()
+        #: Shared by every object colocated on the same actors: their calls reach every rank
+        #: in one order too.
+        self._send_lock = send_lock or threading.Lock()
         self._methods: dict[tuple[int, str], Any] = {}
         #: Calls of this group whose workers all finished, not yet fetched (weak references,
         #: appended by `RayPendingCall.ask_many`): fetched together by `pending.fetch_finished`.
@@ -274,7 +282,7 @@ class RayWorkerGroup(WorkerGroup):
                 ]
             return [
                 self.actor_method(call.rank, f"{RESERVED_PREFIX}call").remote(
-                    method, has_remote, *args, **kwargs
+                    self.slot, method, has_remote, *args, **kwargs
                 )
                 for call, (args, kwargs) in zip(calls, shipped, strict=True)
             ]
@@ -292,7 +300,9 @@ class RayWorkerGroup(WorkerGroup):
                 pairs = rdt.get(i, ())
                 keys = tuple(k for k, _ in pairs)
                 bound = self.actor_method(call.rank, f"{RESERVED_PREFIX}call_rdt")
-                refs.append(bound.remote(method, keys, *(r for _, r in pairs), *args, **kwargs))
+                refs.append(
+                    bound.remote(self.slot, method, keys, *(r for _, r in pairs), *args, **kwargs)
+                )
             return refs
 
     # ------------------------------------------------------------------ chaining

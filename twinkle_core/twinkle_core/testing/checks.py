@@ -12,6 +12,7 @@ after a failure); remote classes live at module level so every backend's workers
 
 from __future__ import annotations
 
+import os
 import random
 import threading
 import time
@@ -287,6 +288,15 @@ class MeshReader:
         ranks = [m.dp_rank, m.fsdp_rank, m.tp_rank, m.pp_rank, m.cp_rank, m.ep_rank]
         sizes = [m.dp_world_size, m.fsdp_world_size, m.tp_world_size, m.pp_world_size]
         return [ctx.rank, *ranks, m.data_rank, *sizes, agrees]
+
+
+@remote_class()
+class Neighbour:
+    """A second role for colocation checks: where it runs, and its own draws."""
+
+    @remote_function(dispatch="all", collect="none")
+    def process(self):
+        return [_rank(), os.getpid()]
 
 
 @remote_class()
@@ -661,6 +671,18 @@ def check_dispatcher_raising_leaves_nothing_behind(run: Session) -> None:
     )
 
 
+def check_colocated_roles_share_processes(run: Session) -> None:
+    first = Neighbour(remote_group="two")
+    second = Neighbour(remote_group="two")
+    here = first.process()()
+    expect("[rank, pid] of a second object on the same group", second.process()(), here)
+    expect_true(
+        "the ranks are numbered 0 and 1 in the first object's processes",
+        [rank for rank, _ in here] == [0, 1],
+        repr(here),
+    )
+
+
 def check_iterate_remote_loader(run: Session) -> None:
     loader = Loader(3, remote_group="two")
     expect("[item for item in loader]", [item for item in loader], [[0, 10], [0, 20], [0, 30]])
@@ -961,6 +983,12 @@ _CHECKS: tuple[Check, ...] = (
         "a dispatcher raising after a LazyCollect argument was resolved leaves nothing behind",
         (("two", 2), ("one", 1)),
         check_dispatcher_raising_leaves_nothing_behind,
+    ),
+    Check(
+        "colocated_roles_share_processes",
+        "objects created on one group run in the same process per rank",
+        TWO,
+        check_colocated_roles_share_processes,
     ),
     Check(
         "iterate_remote_loader",

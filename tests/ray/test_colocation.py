@@ -1,0 +1,125 @@
+"""Colocated roles on Ray (issue 27, item 1): the objects of one group share its actors, one
+process per rank; a role may still ask for processes of its own (`colocate=False`)."""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+
+import numpy as np
+import pytest
+import ray.cloudpickle
+
+from twinkle_core import (
+    ConfigurationError,
+    DeviceGroup,
+    collective_group,
+    get_worker_context,
+    initialize,
+    remote_class,
+    remote_function,
+    shutdown,
+)
+
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+#: What this process's objects did, in the order they did it (one list per worker process).
+_LOG: list[str] = []
+
+
+@remote_class()
+class Role:
+    def __init__(self, name):
+        self.name = name
+        # Seeded as a fresh worker: the first draws of the run's seed, whoever else is here.
+        self.first = [random.random(), float(np.random.random())]
+
+    @remote_function(dispatch="all", collect="none")
+    def where(self):
+        return [get_worker_context().rank, os.getpid()]
+
+    @remote_function(dispatch="all", collect="none")
+    def mark(self, tag):
+        _LOG.append(f"{self.name}:{tag}")
+        return len(_LOG)
+
+    @remote_function(dispatch="all", collect="none")
+    def log(self):
+        return list(_LOG)
+
+    @remote_function(dispatch="all", collect="none")
+    def draws(self):
+        return [self.first, [random.random(), float(np.random.random())]]
+
+
+@remote_class(colocate=False)
+class Loner(Role):
+    pass
+
+
+@remote_class()
+class Broken:
+    def __init__(self):
+        raise ValueError("broken on purpose")
+
+
+def _fresh_draws(seed: int) -> list[float]:
+    random.seed(seed)
+    np.random.seed(seed)
+    return [random.random(), float(np.random.random())]
+
+
+@pytest.fixture
+def run(cluster, no_runtime):
+    initialize("ray", address=cluster.address, seed=5, groups=[DeviceGroup("g", 2, "cpu")])
+    try:
+        yield
+    finally:
+        shutdown()
+
+
+def test_objects_of_one_group_share_one_process_per_rank(run):
+    policy, reference = Role("policy", remote_group="g"), Role("reference", remote_group="g")
+    here = policy.where()()
+    assert reference.where()() == here  # the same process on each rank
+    assert len({pid for _, pid in here}) == 2  # and one per rank
+    loner = Loner("loner", remote_group="g")  # processes of its own
+    assert not {pid for _, pid in loner.where()()} & {pid for _, pid in here}
+
+
+def test_calls_to_colocated_objects_run_in_the_order_issued(run):
+    a, b = Role("a", remote_group="g"), Role("b", remote_group="g")
+    pending = [a.mark(1), b.mark(1), a.mark(2), b.mark(2), a.mark(3)]  # none awaited
+    assert [p() for p in pending] == [[1, 1], [2, 2], [3, 3], [4, 4], [5, 5]]
+    assert a.log()() == [["a:1", "b:1", "a:2", "b:2", "a:3"]] * 2
+
+
+def test_each_colocated_object_has_generators_of_its_own(run):
+    """Seeded like a fresh worker, drawing its own sequence, whatever its neighbours draw: the
+    numbers of a process of its own (as inprocess and torchrun give)."""
+    first = _fresh_draws(5)
+    a = Role("a", remote_group="g")
+    a_draws = a.draws()()
+    b = Role("b", remote_group="g")  # built after a drew: still the seed's first numbers
+    b_draws = b.draws()()
+    again = a.draws()()
+    for rank in range(2):
+        assert a_draws[rank][0] == first and b_draws[rank][0] == first
+        assert b_draws[rank][1] == a_draws[rank][1]  # each continues its own sequence
+        assert again[rank][1] != a_draws[rank][1]
+
+
+def test_a_failed_constructor_leaves_the_group_usable(run):
+    a = Role("a", remote_group="g")
+    with pytest.raises(ValueError, match="broken on purpose"):
+        Broken(remote_group="g")
+    c = Role("c", remote_group="g")  # the next slot, numbered alike on every rank
+    assert c.where()() == a.where()()
+    assert c.mark("x")() == [1, 1] and a.log()() == [["c:x"]] * 2
+
+
+def test_a_collective_group_of_two_colocated_objects_is_refused(run):
+    a, b = Role("a", remote_group="g"), Role("b", remote_group="g")
+    with pytest.raises(ConfigurationError, match=r"colocated.*colocate=False"):
+        collective_group("weights", [a, b])
