@@ -69,6 +69,15 @@ def median(values: list[float]) -> float:
     return float(statistics.median(values))
 
 
+def fmt_value(value: float | None, unit: str) -> str:
+    """A row's figure: a time, or a count or size when the row measures one."""
+    if value is not None and unit == "bytes":
+        return f"{value / 2**20:.0f} MiB"
+    if value is not None and unit == "count":
+        return f"{value:g}"
+    return fmt_time(value)
+
+
 def fmt_time(seconds: float | None) -> str:
     """Seconds as a short human figure: 812 us, 3.21 ms, 1.52 s."""
     if seconds is None:

@@ -35,7 +35,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from cases import MODULES
-from harness import BENCH_DIR, REPO, Context, Row, fmt_time
+from harness import BENCH_DIR, REPO, Context, Row, fmt_value
 
 #: Quick-mode limits on twinkle/raw, by row: max(2.0, 3 x the highest quick-mode ratio measured
 #: on the 2-core CI machine on the day the limit was set (in the comment; three runs at twinkle
@@ -167,8 +167,8 @@ def markdown(rows: list[Row], errors: dict[str, str], info: dict[str, Any], args
         cells = [
             row.id,
             row.title + unit,
-            fmt_time(row.twinkle),
-            fmt_time(row.raw),
+            fmt_value(row.twinkle, row.unit),
+            fmt_value(row.raw, row.unit),
             f"{row.ratio:.2f}",
             row.note,
         ]
@@ -239,8 +239,8 @@ def main(argv: list[str] | None = None) -> int:
             by_case[case.NUMBER] = rows
             for row in rows:
                 print(
-                    f"  {row.id:>3}  {row.title}: twinkle {fmt_time(row.twinkle)}, raw "
-                    f"{fmt_time(row.raw)}, ratio {row.ratio:.2f}  {row.note}",
+                    f"  {row.id:>3}  {row.title}: twinkle {fmt_value(row.twinkle, row.unit)}, raw "
+                    f"{fmt_value(row.raw, row.unit)}, ratio {row.ratio:.2f}  {row.note}",
                     flush=True,
                 )
             print(f"      ({time.perf_counter() - begin:.1f} s)", file=sys.stderr, flush=True)

@@ -24,4 +24,5 @@ MODULES = (
     "ray_transport",
     "torchrun_transport",
     "ray_rdt",
+    "colocation",
 )

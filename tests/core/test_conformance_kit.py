@@ -135,7 +135,7 @@ def test_the_kit_has_at_least_twenty_named_checks():
         "collect_tuple_elementwise", "device_mesh_keyword", "device_mesh_positional",
         "device_mesh_default", "lazy_to_group_of_other_size", "lazy_to_constructor",
         "lazy_nested_in_arguments", "dispatcher_raising_leaves_nothing_behind",
-        "colocated_roles_share_processes",
+        "colocated_roles_share_processes", "roles_take_turns",
         "iterate_remote_loader", "seeded_random",
         "error_value_error", "error_key_error", "error_os_error", "error_two_arg_init",
         "error_unpicklable_attribute", "timeout_per_method", "dispatch_wrong_share_count",

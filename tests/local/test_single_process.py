@@ -284,3 +284,25 @@ def test_colocate_false_is_refused_under_torchrun_naming_the_fix():
         shutdown()
     text = str(info.value)
     assert "OwnProcesses" in text and "colocate=False" in text and "mode 'ray'" in text
+
+
+def test_roles_take_turns_under_torchrun_as_in_process():
+    """The same offload()/onload() switches as tests/core/test_swapping.py, in mode 'local'."""
+    from core import test_swapping as swapping
+
+    swapping.ON_DEVICE.clear()
+    swapping.EVENTS.clear()
+    initialize("local", groups=[DeviceGroup("g", 1, "cpu")])
+    try:
+        swapped = swapping._interleaved(swapping.Role)
+        plain = swapping._interleaved(swapping.Plain)
+    finally:
+        shutdown()
+    assert swapped == plain
+    assert swapping.EVENTS[:4] == [
+        "off:policy:0",
+        "off:reference:0",
+        "off:sampler:0",
+        "on:policy:0",
+    ]
+    assert len(swapping.EVENTS) == 2 + 9 * 2 + 1

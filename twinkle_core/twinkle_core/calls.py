@@ -79,11 +79,22 @@ _RESOLVED: dict[int, tuple[Any, Any, int, Dispatcher, Collector]] = {}
 class RemoteBinding:
     """What ties a driver-side object to its workers. Copies of it are the same binding."""
 
-    def __init__(self, workers: WorkerGroup, run_name: str, mode: str, lazy_collect: bool) -> None:
+    def __init__(
+        self,
+        workers: WorkerGroup,
+        run_name: str,
+        mode: str,
+        lazy_collect: bool,
+        offload: str | None = None,
+        onload: str | None = None,
+    ) -> None:
         self.workers = workers
         self.run_name = run_name
         self.mode = mode
         self.lazy_collect = lazy_collect
+        #: The object's `offload`/`onload` methods when roles take turns (`swapping.py`).
+        self.offload = offload
+        self.onload = onload
 
     def __deepcopy__(self, memo: dict) -> RemoteBinding:
         return self
@@ -264,11 +275,25 @@ class CallSource:
 
 
 def invoke(
-    binding: RemoteBinding, spec: MethodSpec, args: tuple, kwargs: dict, call_site: CallSite
+    binding: RemoteBinding,
+    spec: MethodSpec,
+    args: tuple,
+    kwargs: dict,
+    call_site: CallSite,
+    *,
+    swapping: bool = True,
 ) -> Any:
-    """Run `spec` on the bound workers; a LazyCollect, or the value when lazy collection is off."""
+    """Run `spec` on the bound workers; a LazyCollect, or the value when lazy collection is off.
+
+    On the driver the object first becomes the active role of its group (`swapping.py`),
+    unless `swapping` is False (the switch's own calls)."""
     runtime = _runtime.current_runtime_or_none()
     this_run = runtime is not None and runtime.config.name == binding.run_name
+    if swapping and this_run and runtime is not None:
+        turns = runtime.turns
+        if turns.active.get(binding.workers.group.name) is not binding:
+            if get_worker_context() is None:  # calls inside workers do not switch roles
+                turns.before_call(binding, call_site)
     if not this_run and get_worker_context() is None:
         # On a driver, an object outlives its run only by mistake; inside a worker the run
         # lives in the driver and this process has no runtime of its own.

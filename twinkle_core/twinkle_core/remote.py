@@ -14,6 +14,7 @@ from .collect import Collector
 from .device_mesh import DeviceMesh
 from .dispatch import Dispatcher
 from .errors import ConfigurationError
+from .swapping import swap_methods
 from .transport import check_transport
 
 T = TypeVar("T", bound=type)
@@ -130,7 +131,9 @@ def class_options(cls: type) -> Mapping[str, Any]:
     return declared if declared is not None else _DEFAULT_CLASS_OPTIONS
 
 
-_DEFAULT_CLASS_OPTIONS: Mapping[str, Any] = MappingProxyType({"execute": "all", "colocate": True})
+_DEFAULT_CLASS_OPTIONS: Mapping[str, Any] = MappingProxyType(
+    {"execute": "all", "colocate": True, "swap": True}
+)
 
 
 def method_options(cls: type, method: str) -> MethodSpec | None:
@@ -151,7 +154,9 @@ def remote_specs(cls: type) -> dict[str, MethodSpec]:
     return out
 
 
-def remote_class(_cls: T | None = None, *, execute: str = "all", colocate: bool = True) -> Any:
+def remote_class(
+    _cls: T | None = None, *, execute: str = "all", colocate: bool = True, swap: bool = True
+) -> Any:
     """Let a class be constructed on a device group: `Model(..., remote_group='model')`.
 
     Objects created on the same group share that group's worker processes, one per rank, in
@@ -159,6 +164,10 @@ def remote_class(_cls: T | None = None, *, execute: str = "all", colocate: bool 
     order issued). `colocate=False` gives each object of the class processes of its own on
     backends that can (Ray), for a role that must not share (a crash-prone library); a
     backend whose processes are fixed (torchrun) refuses it.
+
+    Colocated roles take turns on the devices: a class defining `offload(self)` and
+    `onload(self)` has them run on its workers when its group switches to or from another
+    object (`twinkle_core.swapping`); `swap=False` opts out.
 
     With `remote_group`, the object on the driver stands for one worker instance per rank of
     the group (only the first with `execute='first'`); `device_mesh=` arranges them. A class
@@ -171,6 +180,11 @@ def remote_class(_cls: T | None = None, *, execute: str = "all", colocate: bool 
     if execute not in ("all", "first"):
         raise ConfigurationError(
             f"remote_class(execute=...) must be 'all' or 'first', got {execute!r}"
+        )
+    if not isinstance(swap, bool):
+        raise ConfigurationError(
+            f"remote_class(swap=...) must be True (offload()/onload() around role switches) "
+            f"or False, got {swap!r}"
         )
     if not isinstance(colocate, bool):
         raise ConfigurationError(
@@ -216,7 +230,11 @@ def remote_class(_cls: T | None = None, *, execute: str = "all", colocate: bool 
             )
 
         setattr(cls, "__init__", __init__)  # noqa: B010 - mypy rejects assigning a method
-        setattr(cls, CLASS_ATTR, MappingProxyType({"execute": execute, "colocate": colocate}))
+        setattr(
+            cls,
+            CLASS_ATTR,
+            MappingProxyType({"execute": execute, "colocate": colocate, "swap": swap}),
+        )
         if "__iter__" in cls.__dict__ and "__next__" in cls.__dict__:
             iter_fn = cls.__dict__["__iter__"]
 
@@ -378,10 +396,19 @@ def _bind(
     args, kwargs = resolve_lazy_values((args, kwargs))
     if pass_mesh:
         kwargs = {**kwargs, "device_mesh": mesh}
+    offload, onload = swap_methods(cls, class_options(cls)["swap"])
+    runtime.turns.before_construct(group.name, user_call_site())
     workers = runtime.backend.create_workers(
         cls, group, mesh, args, kwargs, num_workers=num_workers
     )
-    obj.__dict__[BINDING_ATTR] = RemoteBinding(
-        workers, runtime.config.name, runtime.config.mode, runtime.config.lazy_collect
+    binding = RemoteBinding(
+        workers,
+        runtime.config.name,
+        runtime.config.mode,
+        runtime.config.lazy_collect,
+        offload=offload,
+        onload=onload,
     )
+    obj.__dict__[BINDING_ATTR] = binding
+    runtime.turns.constructed(binding)
     runtime.bound.append(BoundClass(cls.__name__, workers))

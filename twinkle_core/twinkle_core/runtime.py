@@ -27,6 +27,7 @@ from .lazy import LazyCollect, TrackedCall, ask_many
 from .notify import AlertQueue, Notifier, as_notifier
 from .plugins import get_plugin, plugin_system
 from .seeding import seed_everything
+from .swapping import Turns
 
 log = logging.getLogger("twinkle")
 
@@ -75,6 +76,8 @@ class Runtime:
         self.alerts = AlertQueue(config.notifier) if config.notifier is not None else None
         backend.attach_alerts(self.alerts)
         self.bound: list[BoundClass] = []
+        #: Which object of each group ran last (roles taking turns: `swapping.py`).
+        self.turns = Turns()
         #: Calls watched for failures nobody collects (`track`), oldest first.
         self._pending: deque[TrackedCall] = deque()
         #: Finished calls nobody collected yet, settled together (`track`).

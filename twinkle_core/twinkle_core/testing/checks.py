@@ -299,6 +299,29 @@ class Neighbour:
         return [_rank(), os.getpid()]
 
 
+#: Per worker rank, the TurnTaker roles holding their buffers right now (one table per process).
+_HOLDERS: dict[int, set[str]] = {}
+
+
+@remote_class()
+class TurnTaker:
+    """A role with `offload()`/`onload()`: colocated roles take turns on the devices."""
+
+    def __init__(self, name):
+        self.name = name
+        _HOLDERS.setdefault(_rank(), set()).add(name)
+
+    def offload(self):
+        _HOLDERS[_rank()].discard(self.name)
+
+    def onload(self):
+        _HOLDERS.setdefault(_rank(), set()).add(self.name)
+
+    @remote_function(dispatch="all", collect="none")
+    def holders(self):
+        return [_rank(), sorted(_HOLDERS.get(_rank(), ()))]
+
+
 @remote_class()
 class Offset:
     def __init__(self, offset, extras=None):
@@ -683,6 +706,17 @@ def check_colocated_roles_share_processes(run: Session) -> None:
     )
 
 
+def check_roles_take_turns(run: Session) -> None:
+    _HOLDERS.clear()  # the in-process table, if this process holds workers
+    roles = {name: TurnTaker(name, remote_group="two") for name in ("policy", "ref", "gen")}
+    for name in ("policy", "gen", "ref", "policy", "ref"):
+        expect(
+            f"{name}.holders(): only {name} holds its buffers, on both ranks",
+            roles[name].holders()(),
+            [[0, [name]], [1, [name]]],
+        )
+
+
 def check_iterate_remote_loader(run: Session) -> None:
     loader = Loader(3, remote_group="two")
     expect("[item for item in loader]", [item for item in loader], [[0, 10], [0, 20], [0, 30]])
@@ -989,6 +1023,12 @@ _CHECKS: tuple[Check, ...] = (
         "objects created on one group run in the same process per rank",
         TWO,
         check_colocated_roles_share_processes,
+    ),
+    Check(
+        "roles_take_turns",
+        "offload()/onload() run around switches between colocated roles",
+        TWO,
+        check_roles_take_turns,
     ),
     Check(
         "iterate_remote_loader",
