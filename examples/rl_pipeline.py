@@ -114,6 +114,23 @@ class Policy:
 
 
 @remote_class()
+class Reference:
+    """The frozen initial policy, colocated with the policy on its group (the same processes,
+    one per rank): log-probabilities of the sampled actions, for a KL term."""
+
+    def __init__(self, ballast_mib: int = 0) -> None:
+        self.net = build_net(ballast_mib)  # built as a fresh worker: the policy's first weights
+
+    @remote_function(dispatch="slice_dp", collect="mean")
+    def log_probs(self, batch: dict) -> float:
+        states = torch.as_tensor(np.array(batch["states"]), dtype=torch.float32)
+        actions = torch.as_tensor(np.array(batch["actions"]))
+        with torch.no_grad():
+            logp = torch.log_softmax(self.net(states), dim=-1)
+        return float(logp[torch.arange(len(actions)), actions].mean())
+
+
+@remote_class()
 class Sampler:
     """Generates rollouts from the latest policy weights."""
 
@@ -201,6 +218,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     table = []
     try:
         policy = Policy(2.0, args.ballast_mib, remote_group="policy")
+        reference = Reference(args.ballast_mib, remote_group="policy")  # colocated
         sampler = Sampler(args.ballast_mib, remote_group="sampler")
         processor = RewardProcessor(args.seed, remote_group="processor")
         if is_main_process():
@@ -229,10 +247,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 "actions": np.array([r[2] for r in scored()]),
                 "advantages": rewards - rewards.mean(),
             }
+            ref_logp = reference.log_probs(batch)  # on the policy's processes, before its step
             loss = policy.train_step(batch)
             row = {
                 "step": step,
                 "loss": loss(),
+                "ref_logp": ref_logp(),
                 "reward": float(rewards.mean()),
                 "sync_s": sync_s,
             }
@@ -240,6 +260,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             if is_main_process():
                 print(
                     f"step {step:2d}  loss {row['loss']:+.6f}  reward {row['reward']:.3f}  "
+                    f"ref log-prob {row['ref_logp']:+.4f}  "
                     f"weight sync {1000 * sync_s:.1f} ms ({args.sync})",
                     flush=True,
                 )

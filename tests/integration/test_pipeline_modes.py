@@ -71,5 +71,9 @@ def test_losses_equal_the_reference(tables, mode):
     for ref, row in zip(reference, steps, strict=True):
         assert row["reward"] == pytest.approx(ref["reward"], abs=1e-9)
         assert row["loss"] == pytest.approx(ref["loss"], rel=1e-5, abs=1e-6)
+        # the reference model, colocated with the policy, gives the same log-probs
+        assert row["ref_logp"] == pytest.approx(ref["ref_logp"], rel=1e-5, abs=1e-6)
     # the policy learns something: losses are not all identical
     assert len({round(r["loss"], 6) for r in reference}) > 1
+    # the reference is the frozen first policy: log-probs under uniform-ish init, all negative
+    assert all(r["ref_logp"] < 0 for r in reference)
