@@ -24,6 +24,7 @@ from twinkle_core import (
     initialize,
     remote_class,
     remote_function,
+    shutdown,
 )
 from twinkle_core.plugin import ExecutionBackend, hookimpl
 from twinkle_core.plugins import plugin_system
@@ -42,7 +43,27 @@ ranks = 4
 device_type = "cpu"
 """
 
-EXAMPLE_DRAWING = """\
+TOPOLOGY = """\
+╔══════════════════════════════════════════════════════════════════════════════╗
+║ DEVICE PLACEMENT TOPOLOGY                                                    ║
+╚══════════════════════════════════════════════════════════════════════════════╝
+┌──────────────────────────────────────────────────────────────────────────────┐
+│ ◈ DeviceGroup: model                                                         │
+├──────────────────────────────────────────────────────────────────────────────┤
+│ ├─ Device Type : cuda                                                        │
+│ └─ Ranks       : [0, 1, 2, 3]                                                │
+└──────────────────────────────────────────────────────────────────────────────┘
+┌──────────────────────────────────────────────────────────────────────────────┐
+│ ◈ DeviceGroup: processor                                                     │
+├──────────────────────────────────────────────────────────────────────────────┤
+│ ├─ Device Type : cpu                                                         │
+│ └─ Ranks       : [0, 1, 2, 3]                                                │
+└──────────────────────────────────────────────────────────────────────────────┘
+"""
+
+EXAMPLE_DRAWING = (
+    TOPOLOGY
+    + """\
 ┌──────────────────────────────────────────────────────────┐
 │ twinkle placement groups.toml  nproc_per_node 8  nodes 1 │
 ├──────────────────────────────────────────────────────────┤
@@ -59,6 +80,7 @@ EXAMPLE_DRAWING = """\
 │   rank 2   node -  device cpu                            │
 │   rank 3   node -  device cpu                            │
 └──────────────────────────────────────────────────────────┘"""
+)
 
 
 def write(tmp_path: Path, name: str, text: str) -> str:
@@ -172,7 +194,7 @@ def test_inline_groups_and_upper_case(tmp_path):
 
 
 def _drawing_before_the_refactor() -> str:
-    """`get_device_placement()` as it was written before it shared its renderer (verbatim)."""
+    """`get_device_placement(detail=True)` as written before it shared its renderer."""
     from twinkle_core.runtime import current_runtime
 
     def _ranks(ranks):
@@ -221,7 +243,7 @@ def _drawing_before_the_refactor() -> str:
 
 
 def test_the_live_placement_drawing_is_unchanged():
-    """`get_device_placement()` now shares the renderer: its output is byte-for-byte the same."""
+    """`get_device_placement(detail=True)` shares the renderer: byte-for-byte the same."""
 
     @remote_class(execute="all")
     class Scorer:
@@ -241,10 +263,10 @@ def test_the_live_placement_drawing_is_unchanged():
             DeviceGroup("empty", [0, 2], "cpu"),
         ],
     )
-    assert get_device_placement() == _drawing_before_the_refactor()
+    assert get_device_placement(detail=True) == _drawing_before_the_refactor()
     Scorer(2.0, device_mesh=DeviceMesh.from_sizes(dp_size=2, tp_size=2), remote_group="scorers")
     Scorer(2.0, remote_group="big")
-    text = get_device_placement()
+    text = get_device_placement(detail=True)
     assert text == _drawing_before_the_refactor()
     assert "│ group big  cpu  ranks 0-5  workers 3  2 per worker" in text
     assert "│     rank 3   node " in text and "data rank 1" in text
@@ -652,3 +674,46 @@ def test_the_device_rank_rule(npn, per_worker, workers, first):
         assert group.worker_devices(w, npn) == tuple(r % npn for r in own)
         spans = len({r // npn for r in own}) > 1
         assert (group.spanning_message(w, npn) is not None) == spans
+
+
+def test_the_topology_shows_every_object_hosted_on_each_group():
+    """The design's layout by default: a box per group, a DeviceMesh block per object on it
+    (colocated roles together), every edge aligned; the per-rank table with detail=True."""
+
+    @remote_class()
+    class Policy:
+        pass
+
+    @remote_class()
+    class Reference:
+        pass
+
+    initialize(
+        "inprocess",
+        groups=[DeviceGroup("model", ranks=4, device_type="cpu"), DeviceGroup("io", ranks=1)],
+    )
+    try:
+        Policy(remote_group="model")
+        Reference(remote_group="model", device_mesh=DeviceMesh.from_sizes(dp_size=2, tp_size=2))
+        text = get_device_placement()
+        detail = get_device_placement(detail=True)
+    finally:
+        shutdown()
+    lines = text.splitlines()
+    assert len({len(line) for line in lines}) == 1, "box edges must line up"
+    assert lines[1].startswith("║ DEVICE PLACEMENT TOPOLOGY")
+    body = [line[2:-2].rstrip() for line in lines]
+    model = body.index("◈ DeviceGroup: model")
+    io = body.index("◈ DeviceGroup: io")
+    assert body[model + 2 : model + 10] == [
+        "├─ Device Type : cpu",
+        "└─ Ranks       : [0, 1, 2, 3]",
+        "┌─ DeviceMesh: Policy",
+        "│  Dimensions : dp=4",
+        "│  Parallelism: DP=4",
+        "┌─ DeviceMesh: Reference",
+        "│  Dimensions : dp=2, tp=2",
+        "│  Parallelism: DP=2, TP=2",
+    ]
+    assert "DeviceMesh" not in "".join(body[io:])  # nothing placed on io yet
+    assert "rank 3   node" in detail and "class Reference  mesh dp=2 tp=2" in detail

@@ -346,7 +346,7 @@ def test_global_device_mesh_is_the_default_when_it_fits():
 
 def test_placement_shows_groups_classes_and_meshes(run):
     Counter(remote_group="h", device_mesh=DeviceMesh.from_sizes(tp_size=2))
-    text = get_device_placement()
+    text = get_device_placement(detail=True)
     assert text.startswith("┌") and text.endswith("┘")
     assert "twinkle run test-run" in text and "mode inprocess" in text
     assert "group g  cpu  ranks 0-2  workers 3" in text

@@ -59,8 +59,9 @@ def tables(inprocess_run, local_run, ray_run):
 def test_every_mode_prints_the_placement_and_the_steps(tables):
     for mode, (steps, stdout) in tables.items():
         assert len(steps) == int(STEPS), mode
-        assert "group policy" in stdout and "group processor" in stdout, mode
-        assert f"mode {mode}" in stdout
+        assert "DeviceGroup: policy" in stdout and "DeviceGroup: processor" in stdout, mode
+        assert "DeviceMesh: Policy" in stdout and "DeviceMesh: Reference" in stdout, mode
+        assert "DEVICE PLACEMENT TOPOLOGY" in stdout, mode
         assert "step  3" in stdout
 
 

@@ -87,7 +87,7 @@ def test_default_group_is_one_process(mode):
         assert counter.add(1)() == 16
         assert counter.where()() == [0, 1, 0, "default", "cpu"]
         assert get_worker_context() is None  # the driver is not a worker
-        assert "mode " + mode in get_device_placement()
+        assert "mode " + mode in get_device_placement(detail=True)
         assert current_runtime().backend.describe()["world"] == 1
     finally:
         shutdown()
@@ -219,7 +219,7 @@ def test_simulated_gpu_machine(fake_cuda):
         assert fake_cuda.current == [0]  # LOCAL_RANK 0 made current
         counter = Counter(0, remote_group="default")
         assert counter.where()() == [0, 1, 0, "default", "cuda"]
-        assert "device cuda:0" in get_device_placement()
+        assert "device cuda:0" in get_device_placement(detail=True)
         assert current_runtime().backend.describe()["device"] == "cuda"
     finally:
         shutdown()

@@ -309,7 +309,7 @@ def test_worker_environment_and_secrets(run):
 
 
 def test_device_placement_shows_nodes_and_ranks(run):
-    text = get_device_placement()
+    text = get_device_placement(detail=True)
     assert "mode ray" in text and "(connected)" in text and "nodes 2" in text
     for p in _workers(run["producer"]).placements:
         assert p.node and p.node in text

@@ -79,7 +79,7 @@ SCRIPT = textwrap.dedent(
             "started": backend.connection.started_cluster,
             "temp_dir": temp_dir,
             "env": env,
-            "placement": get_device_placement(),
+            "placement": get_device_placement(detail=True),
             "addresses": sorted({n["NodeManagerAddress"] for n in ray.nodes()}),
             "nice": worker.nice()(),
             "driver_nice": os.nice(0),

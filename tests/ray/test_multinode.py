@@ -198,14 +198,14 @@ def test_visible_devices_pin_each_worker_to_those_physical_devices(run, cluster)
     assert [i["env"]["CUDA_VISIBLE_DEVICES"] for i in info] == ["3", "2", "0"]
     assert [i["devices"] for i in info] == [[0], [0], [0]]  # as torch sees them
     assert [p.devices for p in _placements(run["pinned"])] == [(3,), (2,), (0,)]
-    text = get_device_placement()
+    text = get_device_placement(detail=True)
     section = text[text.index("group pinned") :]
     for rank, (p, device) in enumerate(zip(_placements(run["pinned"]), (3, 2, 0), strict=True)):
         assert f"rank {rank}   node {p.node}  device cuda:{device} " in section, section
 
 
 def test_device_placement_shows_the_physical_mapping(run):
-    text = get_device_placement()
+    text = get_device_placement(detail=True)
     placements = _placements(run["wide"])
     assert f"node {placements[1].node}  device cuda:2,3" in text
     assert "npu:3" in text and "npu:0" in text

@@ -1,5 +1,8 @@
 """`get_device_placement()`: the run's topology as a box drawing.
 
+By default the design's layout: one box per device group with its device type and ranks, and
+one `DeviceMesh: <Class>` block per remote object hosted on the group, so colocated roles show
+at a glance. `detail=True` gives the per-rank table (node, devices, data rank of each worker).
 The drawing is built from the helpers below, which `twinkle placement groups.toml` (see
 `placement_plan`) shares, so a plan drawn from a file looks like the live run's placement.
 """
@@ -7,6 +10,7 @@ The drawing is built from the helpers below, which `twinkle placement groups.tom
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from .device_group import DeviceGroup
 from .runtime import current_runtime
@@ -62,12 +66,66 @@ def draw_box(lines: Sequence[str]) -> str:
     return "\n".join(body)
 
 
-def get_device_placement() -> str:
-    """Groups, device types, ranks, and each remote class's mesh and worker placement.
+#: Inner width of the topology drawing (it grows for longer lines).
+TOPOLOGY_WIDTH = 78
 
-    Each worker line shows the node and the physical devices the backend placed it on.
+
+def draw_topology(groups: Sequence[tuple[DeviceGroup, Sequence[tuple[str, Any]]]]) -> str:
+    """The design's layout: a title box, then per group a box with its device type, ranks and
+    one `DeviceMesh: <Class>` block per (class name, mesh) hosted on it."""
+    rows: list[tuple[str, str]] = []  # (kind, text): "group", "rule", "line"
+    for group, objects in groups:
+        rows += [("group", f"◈ DeviceGroup: {group.name}"), ("rule", "")]
+        rows += [
+            ("line", f"├─ Device Type : {group.device_type}"),
+            ("line", f"└─ Ranks       : {list(group.rank_list)}"),
+        ]
+        for class_name, mesh in objects:
+            dims = ", ".join(f"{k}={v}" for k, v in mesh.parallelism().items())
+            upper = ", ".join(f"{k.upper()}={v}" for k, v in mesh.parallelism().items())
+            rows += [
+                ("line", f"┌─ DeviceMesh: {class_name}"),
+                ("line", f"│  Dimensions : {dims}"),
+                ("line", f"│  Parallelism: {upper}"),
+            ]
+        rows.append(("end", ""))
+    title = "DEVICE PLACEMENT TOPOLOGY"
+    width = max([TOPOLOGY_WIDTH, len(title) + 2, *(len(text) + 2 for _, text in rows)])
+    out = ["╔" + "═" * width + "╗", f"║ {title.ljust(width - 2)} ║", "╚" + "═" * width + "╝"]
+    for kind, text in rows:
+        if kind == "group":
+            out += ["┌" + "─" * width + "┐", f"│ {text.ljust(width - 2)} │"]
+        elif kind == "rule":
+            out.append("├" + "─" * width + "┤")
+        elif kind == "end":
+            out.append("└" + "─" * width + "┘")
+        else:
+            out.append(f"│ {text.ljust(width - 2)} │")
+    return "\n".join(out)
+
+
+def get_device_placement(detail: bool = False) -> str:
+    """The run's topology: each group's device type and ranks, and the mesh of every remote
+    object hosted on it (colocated roles share a group's processes).
+
+    With `detail=True`, the per-rank table instead: the run's header (mode, backend facts),
+    and for each object every worker's node, physical devices and data rank.
     """
     runtime = current_runtime()
+    if not detail:
+        return draw_topology(
+            [
+                (
+                    group,
+                    [
+                        (b.class_name, b.workers.device_mesh)
+                        for b in runtime.bound
+                        if b.workers.group.name == group.name
+                    ],
+                )
+                for group in runtime.config.groups.values()
+            ]
+        )
     cfg = runtime.config
     header = [f"twinkle run {cfg.name}", f"mode {cfg.mode}"]
     for key, value in runtime.backend.describe().items():

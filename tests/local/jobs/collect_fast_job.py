@@ -99,7 +99,7 @@ solo = Worker(remote_group="solo")
 report: dict = {"rank": RANK, "control": "gloo"}
 _probe = collectives(lambda: worker.nothing()())[1]
 report["control"] = "sockets" if _probe and _probe[0][0] == "socket_gather" else "gloo"
-report["placement"] = get_device_placement()
+report["placement"] = get_device_placement(detail=True)
 
 # ----------------------------------------------------------------- counts
 # The first sum/mean of a result structure also sends the structure (exchange.py): not counted.

@@ -105,7 +105,7 @@ def local_checks() -> dict:
         caller = Caller(remote_group="two")
         one = Step(remote_group="one")
         out["nested"] = caller.call_all(one)()
-        placement = get_device_placement()
+        placement = get_device_placement(detail=True)
         out["placement_has_both_ranks"] = "rank 0" in placement and "rank 1" in placement
         out["holds_worker_one"] = one._twinkle_binding.workers.holds_worker
 

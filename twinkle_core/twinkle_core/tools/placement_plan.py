@@ -42,7 +42,7 @@ from ..backend import ExecutionBackend
 from ..device_group import DeviceGroup, canonical_device_type
 from ..errors import ConfigurationError
 from ..install_hints import install_command, install_hint, known_names
-from ..placement import draw_box, format_ranks, group_line, worker_line
+from ..placement import draw_box, draw_topology, format_ranks, group_line, worker_line
 from ..plugins import get_plugin, registered_names
 
 #: Keys a group table may have: `DeviceGroup`'s arguments.
@@ -649,7 +649,12 @@ def load_plan(
 
 
 def render_plan(plan: Plan) -> str:
-    """The plan as `get_device_placement()` draws a live run."""
+    """The plan as `get_device_placement()` draws a live run: the topology (a box per group),
+    then, as `detail=True` adds, where each worker goes."""
+    return draw_topology([(group, []) for group in plan.groups]) + "\n" + _render_detail(plan)
+
+
+def _render_detail(plan: Plan) -> str:
     header = [f"twinkle placement {plan.source}"]
     if plan.nproc_per_node is not None:
         header.append(f"nproc_per_node {plan.nproc_per_node}")
