@@ -68,13 +68,21 @@ class Turns:
         self.active[binding.workers.group.name] = binding
 
 
+#: The specs of the switch calls, one per (class name, method): made once, like a class's own
+#: (core caches a spec's dispatcher and collector by spec).
+_SPECS: dict[tuple[str, str], Any] = {}
+
+
 def _run(binding: Any, method: str, call_site: Any) -> None:
     """Run `method` on every worker of `binding`'s object and wait for it; a failure raises
     tagged with `call_site` (the user's call that needed the switch)."""
     from .calls import MethodSpec, invoke
 
     cls_name = binding.workers.class_name
-    spec = MethodSpec(name=method, qualname=f"{cls_name}.{method}", dispatch="all")
+    spec = _SPECS.get((cls_name, method))
+    if spec is None:
+        spec = MethodSpec(name=method, qualname=f"{cls_name}.{method}", dispatch="all")
+        spec = _SPECS.setdefault((cls_name, method), spec)
     result = invoke(binding, spec, (), {}, call_site, swapping=False)
     if callable(result):
         result()
