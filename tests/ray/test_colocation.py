@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import os
 import random
+import signal
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -14,6 +16,7 @@ import ray.cloudpickle
 from twinkle_core import (
     ConfigurationError,
     DeviceGroup,
+    WorkerDiedError,
     collective_group,
     get_worker_context,
     initialize,
@@ -43,6 +46,11 @@ class Role:
     def mark(self, tag):
         _LOG.append(f"{self.name}:{tag}")
         return len(_LOG)
+
+    @remote_function(dispatch="all", collect="none")
+    def nap(self, seconds):
+        time.sleep(seconds)
+        return True
 
     @remote_function(dispatch="all", collect="none")
     def log(self):
@@ -123,3 +131,24 @@ def test_a_collective_group_of_two_colocated_objects_is_refused(run):
     a, b = Role("a", remote_group="g"), Role("b", remote_group="g")
     with pytest.raises(ConfigurationError, match=r"colocated.*colocate=False"):
         collective_group("weights", [a, b])
+
+
+def test_a_killed_shared_process_fails_every_role_on_it_attributably(run):
+    """SIGKILL rank 1's process: both roles living in it fail with WorkerDiedError naming the
+    group, rank 1 and the class, at the driver's call site, within a bound; a new role on the
+    group gets fresh processes."""
+    policy, reference = Role("policy", remote_group="g"), Role("reference", remote_group="g")
+    pid = dict(policy.where()())[1]
+    busy = policy.nap(30)
+    queued = reference.nap(0)  # behind the nap in the same process
+    os.kill(pid, signal.SIGKILL)
+    start = time.monotonic()
+    with pytest.raises(WorkerDiedError, match=r"rank 1 of group 'g' \(Role\)") as info:
+        busy()
+    assert "test_colocation.py" in str(info.value)  # the driver's own call site
+    # The other role in the dead process fails too (the group is torn down as a whole).
+    with pytest.raises(WorkerDiedError, match=r"of group 'g' \(Role\)"):
+        queued()
+    assert time.monotonic() - start < 15.0
+    fresh = Role("fresh", remote_group="g")
+    assert pid not in {p for _, p in fresh.where()()}
