@@ -25,4 +25,5 @@ MODULES = (
     "torchrun_transport",
     "ray_rdt",
     "colocation",
+    "colocated_handoff",
 )

@@ -231,6 +231,8 @@ def _drawing_before_the_refactor() -> str:
                 lines.append(
                     f"    rank {p.rank:<3} node {node}  device {devices}  "
                     f"data rank {mesh.data_rank_of(p.rank) if p.rank in mesh.ranks else '-'}"
+                    # (added with colocation: the process hosting the worker)
+                    f"  process pid {os.getpid()}"
                 )
     width = max(len(line) for line in lines)
     top = "┌" + "─" * (width + 2) + "┐"

@@ -45,7 +45,15 @@ class PreparedCall:
     backend-wide memo, so a dispatcher that raises between the two leaves nothing behind.
     """
 
-    __slots__ = ("backend_data", "calls", "collector", "device_mesh", "dispatcher", "method")
+    __slots__ = (
+        "backend_data",
+        "calls",
+        "collector",
+        "device_mesh",
+        "dispatcher",
+        "method",
+        "stand_ins",
+    )
 
     def __init__(self, method: str, dispatcher: Any = None) -> None:
         self.method = method
@@ -55,6 +63,9 @@ class PreparedCall:
         self.device_mesh: DeviceMesh | None = None
         #: Anything the backend keeps for this call between `resolve_argument` and `submit`.
         self.backend_data: Any = None
+        #: Whether a resolved argument holds `RankParts` (a by-reference hand-off, see
+        #: `twinkle_core.handoff`): core turns those a dispatcher left whole into arrays.
+        self.stand_ins = False
 
     def __repr__(self) -> str:
         return f"PreparedCall({self.method!r}, {len(self.calls)} worker call(s))"
@@ -68,6 +79,9 @@ class WorkerPlacement:
     node: str | None = None
     devices: tuple[int, ...] = ()
     device_type: str = "cpu"
+    #: The worker process hosting it, as the backend names it (`pid 4242`, `actor 1f2e3d4c`,
+    #: `torchrun rank 3`): colocated objects show the same one.
+    process: str | None = None
 
 
 class PendingCall(ABC):
@@ -162,13 +176,23 @@ class WorkerGroup(ABC):
         """
 
     def resolve_argument(self, value: LazyCollect, call: PreparedCall) -> Any:
-        """How a LazyCollect argument of `call` is handed to this group (default: its value).
+        """How a LazyCollect argument of `call` is handed to this group.
 
         `call.dispatcher` is the call's dispatcher: a backend that hands on stand-ins for
         values not collected yet can tell whether the dispatcher will look inside them, and
         keeps what the submission needs in `call.backend_data`.
+
+        The default hands a finished result of another object on this group (same class of
+        worker group, same group, same size) on by reference (`twinkle_core.handoff`): the
+        objects the producer's `PendingCall.wait` returns are placed in the argument as they
+        are, which is the very object each rank returned when the backend's results are the
+        workers' own objects (a backend that copies results overrides this). Anything else
+        gets the LazyCollect's value.
         """
-        return value()
+        from .handoff import by_reference
+
+        handed = by_reference(value, self, call)
+        return value() if handed is None else handed
 
 
 class ExecutionBackend(ABC):

@@ -29,6 +29,7 @@ from .errors import (
     TwinkleError,
 )
 from .failures import CALLER_TAG, CallFailure, WorkersFailedError, tag_exception
+from .handoff import finish_hand_off, has_stand_ins
 from .lazy import LazyCollect
 from .plugins import plugin_system
 from .transport import check_registered
@@ -158,7 +159,13 @@ def resolve_lazy_values(value: Any) -> Any:
 
 
 def _resolve_lazy(value: Any, workers: WorkerGroup, prepared: PreparedCall) -> Any:
-    return replace_lazy(value, lambda lazy: workers.resolve_argument(lazy, prepared))
+    def resolve(lazy: LazyCollect) -> Any:
+        resolved = workers.resolve_argument(lazy, prepared)
+        if not prepared.stand_ins and has_stand_ins(resolved):
+            prepared.stand_ins = True
+        return resolved
+
+    return replace_lazy(value, resolve)
 
 
 def _strategy_name(strategy: Any) -> str:
@@ -321,6 +328,8 @@ def invoke(
             f"{len(per_worker) if hasattr(per_worker, '__len__') else '?'} entries for "
             f"{len(targets)} workers; it must return a list of one (args, kwargs) per worker"
         )
+    if prepared.stand_ins:  # a by-reference hand-off's stand-ins the dispatcher left whole
+        per_worker = finish_hand_off(per_worker)
     calls = [
         WorkerCall(
             rank, a if type(a) is tuple else tuple(a), dict(k) if k else {}

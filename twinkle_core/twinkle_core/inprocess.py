@@ -9,6 +9,7 @@ users unit-test remote classes without torch or Ray.
 from __future__ import annotations
 
 import copy
+import os
 import socket
 import threading
 from typing import Any
@@ -29,6 +30,7 @@ from .device_group import DeviceGroup
 from .device_mesh import DeviceMesh
 from .errors import ConfigurationError
 from .failures import WorkerFailure
+from .handoff import builtin_hand_off, colocated_source, hand_off_value, reference_memo
 from .platform import check_device_type
 from .worker import WorkerState, preserved_rng, run_method
 
@@ -55,18 +57,48 @@ class InProcessWorkerGroup(WorkerGroup):
         self.lock = lock
 
     def submit(self, call: PreparedCall) -> PendingCall:
+        handed = call.backend_data
         with self.lock:
-            return self._run_all(call.method, call.calls)
+            return self._run_all(call.method, call.calls, handed)
 
-    def _run_all(self, method: str, calls: list[WorkerCall]) -> PendingCall:
+    def resolve_argument(self, value: Any, call: PreparedCall) -> Any:
+        """A result of another object on this group is handed on by reference: each rank's
+        worker receives what that rank's worker of the producer returned, the very object,
+        and other ranks' results as copies (`twinkle_core.handoff`)."""
+        source = colocated_source(value, self)
+        pending = getattr(source, "pending", None)
+        if (
+            source is None
+            or not isinstance(pending, InProcessCall)
+            or source.workers.lock is not self.lock  # another run's object
+            or len(pending.originals) != self.size
+            or not pending.succeeded()
+            or not builtin_hand_off(source.collector, call.dispatcher)
+        ):
+            return value()
+        try:
+            handed = hand_off_value(source.collector, source.device_mesh, pending.originals)
+        except Exception:
+            return value()  # the collector's error, raised as collecting raises it
+        data = call.backend_data
+        if not isinstance(data, _HandedOn):
+            data = call.backend_data = _HandedOn()
+        data.sources.append(pending.originals)
+        return handed
+
+    def _run_all(
+        self, method: str, calls: list[WorkerCall], handed: _HandedOn | None = None
+    ) -> PendingCall:
         results: list[Any] = []
+        originals: list[Any] = []
         failures: list[WorkerFailure] = []
         node = self.placements[0].node if self.placements else None
         with preserved_rng():  # once per call, not once per worker
             for call in calls:
                 args, kwargs = (call.args, call.kwargs)
                 if self.isolate:
-                    args, kwargs = copy.deepcopy((args, kwargs))
+                    memo = handed.memo(call.rank) if handed is not None else None
+                    args, kwargs = copy.deepcopy((args, kwargs), memo)
                 with self.states[call.rank].activate(restore=False):
                     ok, value = run_method(
                         self.instances[call.rank], method, args, kwargs, rank=call.rank, node=node
@@ -74,8 +106,35 @@ class InProcessWorkerGroup(WorkerGroup):
                 if not ok:
                     failures.append(value)
                     continue
+                originals.append(value)
                 results.append(copy.deepcopy(value) if self.isolate else value)
-        return CompletedCall(results, failures)
+        return InProcessCall(results, failures, originals)
+
+
+class InProcessCall(CompletedCall):
+    """A finished in-process call; `originals` are the objects the workers returned (the
+    driver's `results` are copies of them under `isolate`), handed on by reference to
+    colocated objects."""
+
+    def __init__(self, results: list[Any], failures: list, originals: list[Any]) -> None:
+        super().__init__(results, failures)
+        self.originals = originals
+
+
+class _HandedOn:
+    """The producers' results a call's arguments were built from by reference."""
+
+    __slots__ = ("sources",)
+
+    def __init__(self) -> None:
+        self.sources: list[list[Any]] = []
+
+    def memo(self, rank: int) -> dict[int, Any]:
+        """What the argument copy of worker `rank` leaves uncopied: its own results."""
+        memo: dict[int, Any] = {}
+        for originals in self.sources:
+            memo.update(reference_memo(originals[rank]))
+        return memo
 
 
 class InProcessBackend(ExecutionBackend):
@@ -141,7 +200,11 @@ class InProcessBackend(ExecutionBackend):
                 )
             instances.append(instance)
             states.append(state)
-            placements.append(WorkerPlacement(rank, self.node, ctx.device_ids, group.device_type))
+            placements.append(
+                WorkerPlacement(
+                    rank, self.node, ctx.device_ids, group.device_type, f"pid {os.getpid()}"
+                )
+            )
         return InProcessWorkerGroup(
             group,
             device_mesh,

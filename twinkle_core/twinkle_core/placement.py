@@ -2,7 +2,8 @@
 
 By default the design's layout: one box per device group with its device type and ranks, and
 one `DeviceMesh: <Class>` block per remote object hosted on the group, so colocated roles show
-at a glance. `detail=True` gives the per-rank table (node, devices, data rank of each worker).
+at a glance. `detail=True` gives the per-rank table (node, devices, data rank and process of
+each worker).
 The drawing is built from the helpers below, which `twinkle placement groups.toml` (see
 `placement_plan`) shares, so a plan drawn from a file looks like the live run's placement.
 """
@@ -40,9 +41,11 @@ def worker_line(
     devices: Sequence[int],
     *,
     data_rank: object = None,
+    process: str | None = None,
     indent: str = "    ",
 ) -> str:
-    """`rank 0   node n1  device cuda:0,1` (and `  data rank 0` when one is given)."""
+    """`rank 0   node n1  device cuda:0,1` (and `  data rank 0`, `  process pid 42` when
+    given)."""
     shown = (
         f"{device_type}:{','.join(str(d) for d in devices)}"
         if devices and device_type != "cpu"
@@ -51,6 +54,8 @@ def worker_line(
     line = f"{indent}rank {rank:<3} node {node or '-'}  device {shown}"
     if data_rank is not None:
         line += f"  data rank {data_rank}"
+    if process:
+        line += f"  process {process.removeprefix('process ')}"
     return line
 
 
@@ -109,7 +114,8 @@ def get_device_placement(detail: bool = False) -> str:
     object hosted on it (colocated roles share a group's processes).
 
     With `detail=True`, the per-rank table instead: the run's header (mode, backend facts),
-    and for each object every worker's node, physical devices and data rank.
+    and for each object every worker's node, physical devices, data rank and process (the same
+    process for colocated objects).
     """
     runtime = current_runtime()
     if not detail:
@@ -148,6 +154,7 @@ def get_device_placement(detail: bool = False) -> str:
                         p.device_type,
                         p.devices,
                         data_rank=mesh.data_rank_of(p.rank) if p.rank in mesh.ranks else "-",
+                        process=p.process,
                     )
                 )
     return draw_box(lines)

@@ -57,6 +57,7 @@ from .failures import (
     add_note,
     format_remote_traceback,
 )
+from .handoff import builtin_hand_off, hand_off_value, reference_memo
 from .hookspecs import hookimpl
 from .notify import Notifier
 from .platform import AcceleratorPlatform, CpuPlatform, detect_platform, get_platform
@@ -121,6 +122,7 @@ __all__ = [
     "add_note",
     "as_tensor_list",
     "as_timeout",
+    "builtin_hand_off",
     "call_mesh",
     "check_op",
     "check_src",
@@ -134,6 +136,7 @@ __all__ = [
     "get_platform",
     "get_plugin",
     "get_rng_state",
+    "hand_off_value",
     "hookimpl",
     "is_array_like",
     "looks_secret",
@@ -143,6 +146,7 @@ __all__ = [
     "portable_exception",
     "rebuilt",
     "recorder",
+    "reference_memo",
     "registered_names",
     "registered_transports",
     "representatives",

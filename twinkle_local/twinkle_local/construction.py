@@ -21,7 +21,13 @@ from .session import Session
 def placements(session: Session, group: DeviceGroup, num_workers: int) -> list[WorkerPlacement]:
     """Where each worker of a group lives: worker r in process r."""
     return [
-        WorkerPlacement(r, session.node_of(r), _devices(session, group, r), group.device_type)
+        WorkerPlacement(
+            r,
+            session.node_of(r),
+            _devices(session, group, r),
+            group.device_type,
+            f"torchrun rank {r}",
+        )
         for r in range(num_workers)
     ]
 

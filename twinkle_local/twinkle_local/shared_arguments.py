@@ -4,13 +4,15 @@ With `isolate` on, a call's arguments are deep-copied, as a real transport would
 LazyCollect handed to a call whose tensors a transport has just delivered (fresh buffers that
 nothing else references) need not be copied once more: `LocalWorkerGroup.resolve_argument`
 shares them here, on the call's own `PreparedCall.backend_data`, and the call's copy keeps
-them as they are. Nothing outlives the call: one that never reaches `submit` (its dispatcher
-raised) leaves nothing for the next.
+them as they are. So do a colocated producer's own results (`keep`). Nothing outlives the
+call: one that never reaches `submit` (its dispatcher raised) leaves nothing for the next.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from twinkle_core.plugin import reference_memo
 
 
 class SharedArguments:
@@ -18,6 +20,11 @@ class SharedArguments:
 
     def __init__(self) -> None:
         self._shared: dict[int, Any] = {}
+
+    def keep(self, result: Any) -> None:
+        """A colocated producer's own result (and everything in it) goes to this process's
+        worker as it is: the by-reference hand-off between objects of one group."""
+        self._shared.update(reference_memo(result))
 
     def share(self, value: Any) -> None:
         """The tensors in `value` (dicts, lists, tuples) go to the call's workers as they are

@@ -17,7 +17,7 @@ registers the torch platforms, so the torch knowledge of every backend lives wit
 from __future__ import annotations
 
 from .collective import reduce_op
-from .skeleton import NotTensors, fill, split, why_not_carried
+from .skeleton import NotTensors, Slot, fill, split, why_not_carried
 from .transports import (
     GlooTransport,
     HcclTransport,
@@ -34,6 +34,7 @@ __all__ = [
     "HcclTransport",
     "NcclTransport",
     "NotTensors",
+    "Slot",
     "carries",
     "cuda_probe",
     "fill",

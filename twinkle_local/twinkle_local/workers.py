@@ -32,7 +32,9 @@ from twinkle_core.plugin import (
     WorkerGroup,
     WorkerPlacement,
     WorkerState,
+    builtin_hand_off,
     call_mesh,
+    hand_off_value,
     method_options,
     note_fallback,
     representatives,
@@ -151,8 +153,13 @@ class LocalWorkerGroup(WorkerGroup):
             outcome = pending._outcome(timeout)
         except Exception:
             return value()  # (a timeout or a lost process: raised as collecting raises it)
-        if not outcome.private or not outcome.succeeded():
-            return value()  # (waits, raises, copies as always)
+        if not outcome.succeeded():
+            return value()  # (raises as always)
+        by_reference = self._by_reference(source, outcome, call)
+        if by_reference is not None:
+            return by_reference
+        if not outcome.private:
+            return value()  # (copies as always)
         try:
             got = outcome.hand_off(source.collector, source.device_mesh)
         except Exception:
@@ -161,6 +168,40 @@ class LocalWorkerGroup(WorkerGroup):
         if shared is None:
             shared = call.backend_data = SharedArguments()
         shared.share(got)
+        return got
+
+    def _by_reference(self, source: Any, outcome: LocalPendingCall, call: PreparedCall) -> Any:
+        """The hand-off of a result of another object on this group, built from the results
+        with this process's own one as the very object its worker returned (`twinkle_core.
+        plugin.hand_off_value`); None when it does not apply (another group, a collector or
+        dispatcher of the user's, a partial call)."""
+        producer = source.workers
+        mine = source.pending.exchange.mine
+        results = outcome.results
+        if (
+            not isinstance(producer, LocalWorkerGroup)
+            or producer.host is not self.host
+            or producer.group.name != self.group.name
+            or producer.size != self.size
+            or mine is None
+            or not mine[1]
+            or len(results) != self.size
+            or not builtin_hand_off(source.collector, call.dispatcher)
+        ):
+            return None
+        results = list(results)
+        results[mine[0]] = mine[2]
+        try:
+            got = hand_off_value(source.collector, source.device_mesh, results)
+        except Exception:
+            return None  # the collector's error, raised as collecting raises it
+        shared = call.backend_data
+        if shared is None:
+            shared = call.backend_data = SharedArguments()
+        if outcome.private:  # the others' tensors a transport delivered: no copy either
+            shared.share(results)
+            outcome.handed = True
+        shared.keep(mine[2])
         return got
 
     def _run(self, method: str, call: WorkerCall, info: CallInfo) -> tuple[bool, Any]:

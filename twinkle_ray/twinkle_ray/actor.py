@@ -238,7 +238,8 @@ class TwinkleActor:
         if not _tensors_registered:
             self._maybe_register_tensors()
         transport = _transport(type(instance), method)
-        return pack_result(value, transport, f"{class_name}.{method}")
+        colocated = len(self._tw_slots) > 1
+        return pack_result(value, transport, f"{class_name}.{method}", colocated)
 
     def _tw_call(
         self, slot: int, method: str, has_remote: bool, /, *args: Any, **kwargs: Any
@@ -252,9 +253,10 @@ class TwinkleActor:
     def _tw_call_rdt(
         self, slot: int, method: str, keys: tuple, /, *args: Any, **kwargs: Any
     ) -> Any:
-        """`_tw_call` for a consumer of results Ray Direct Transport carries: the first
-        `len(keys)` arguments are their RDT refs, resolved by Ray into the tensors (moved
-        device to device), which stand in for those held results (`transports.receive`)."""
+        """`_tw_call` for a consumer of held results whose tensors travel as arguments of
+        the task: the first `len(keys)` arguments are their refs (RDT ones, moved device to
+        device, or object-store ones the holders put), resolved by Ray before the task runs
+        into the tensors that stand in for those held results (`transports.receive`)."""
         from .transports import delivered
 
         n = len(keys)

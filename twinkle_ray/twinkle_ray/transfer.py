@@ -323,18 +323,27 @@ def _container_bytes(value: Any, budget: list[int]) -> int:
     return total
 
 
-def pack_result(value: Any, transport: str = "object_store", method: str = "") -> Any:
+def pack_result(
+    value: Any, transport: str = "object_store", method: str = "", colocated: bool = False
+) -> Any:
     """What a worker returns for `value`: the value itself, a `Stored` envelope, or (a large
-    tensor result whose `transport` a device-direct path serves) a `Held` one (transports.py)."""
+    tensor result whose `transport` a device-direct path serves) a `Held` one (transports.py).
+
+    `colocated`: this process hosts several objects, so a large result that would go to the
+    object store is kept here instead (`transports.keep`): a colocated consumer takes it by
+    reference, anyone else from this worker through the object store when they ask. A method
+    that names `transport='object_store'` keeps the object store."""
     if not is_large(value):
         return value
     why = None
     if transport != "object_store":
-        from .transports import decide, hold
+        from .transports import decide, hold, keep
 
         chosen, skeleton, tensors, why = decide(transport, value, method)
         if chosen != "object_store":
             return hold(chosen, skeleton, tensors, result_meta(value), transport == "auto")
+        if colocated:
+            return keep(value, result_meta(value))
     return Stored(result_meta(value), ray.put(value), why)
 
 

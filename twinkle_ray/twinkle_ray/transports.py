@@ -39,14 +39,24 @@ Transport", says why it is done this way):
      (`rdt_ref`: `_tw_rdt_give`, on the producer's `RDT_GROUP` thread) and submits the
      consumer's task with that ref as a top-level argument (`_tw_call_rdt`); Ray moves the
      tensors into the consumer before the task runs.
-3. The consumer's worker (`receive`) takes the tensors Ray delivered with the call
-   (`delivered`), or else a status word and then every tensor from the producer's rank, in the
-   order the driver queued the sends (both walk the arguments alike).
+   - Otherwise (no transport serves the pair, or a result kept for colocated objects):
+     the holder puts it in the object store, queued in its call order right before the
+     consumer's task (`given_ref`), and the task takes that ref as an argument of its own,
+     so Ray resolves it before the task starts. A consumer never waits inside its task for a
+     holder that may be waiting for it (ranks of one group handing each other results).
+   - A consumer in the holder's own process (an object colocated with the producer) needs
+     nothing: it takes the result there, by reference.
+3. The consumer's worker (`receive`) takes the result from its own process (`_OUTBOX`), or
+   the tensors Ray delivered with the call (`delivered`), or else a status word and then every
+   tensor from the producer's rank, in the order the driver queued the sends (both walk the
+   arguments alike).
 
-Whoever else needs a held result (the driver calling the LazyCollect, a worker outside a
-transport group) gets it through the object store from the producer (`give_held`): a transport
-never fails where the object store would have worked. A held result lives until the driver's
-last reference to its call is gone (`track`), or until shutdown.
+A process hosting several objects (colocated roles) also keeps its large results that would
+go to the object store (`keep`, transport `in_process`): its other objects take them by
+reference, and everyone else as above. The driver calling the LazyCollect gets a held result
+through the object store from the producer (`give_held`): a transport never fails where the
+object store would have worked. A held result lives until the driver's last reference to its
+call is gone (`track`), or until shutdown.
 """
 
 from __future__ import annotations
@@ -78,6 +88,7 @@ from twinkle_local.torchkit import (
     HcclTransport,
     NcclTransport,
     NotTensors,
+    Slot,
     fill,
     receive_device,
     split,
@@ -273,9 +284,13 @@ class Held:
         return f"<Held by rank {self.rank} for {self.transport!r}, {len(self.specs)} tensors>"
 
 
-#: key -> the tensors of a held result, in slot order (in the producing actor's process).
+#: key -> the tensors of a held result, in slot order (in the producing actor's process); for
+#: a kept one (`keep`), the result itself.
 _OUTBOX: dict[str, list[Any]] = {}
 _outbox_lock = threading.Lock()
+
+#: The skeleton of a kept result: the whole value is its one "tensor".
+_WHOLE = Slot(0)
 
 
 def decide(requested: str, value: Any, method: str) -> tuple[str, Any, list[Any], str | None]:
@@ -345,11 +360,36 @@ def explain(requested: str, nbytes: int, device_type: str, mode: str = "ray") ->
 
 def hold(transport: str, skeleton: Any, tensors: list[Any], meta: Any, auto: bool = False) -> Held:
     """Keep `tensors` here (no copy) and describe them for the driver and the consumers."""
+    specs = tuple((tuple(int(n) for n in t.shape), str(t.dtype).split(".")[-1]) for t in tensors)
+    kept = [t.detach() for t in tensors]
+    return _held_here(kept, meta, transport, skeleton, specs, tensor_device(tensors[0]), auto)
+
+
+#: The transport name of a result kept by its worker for colocated objects (`keep`).
+IN_PROCESS = "in_process"
+
+
+def keep(value: Any, meta: Any) -> Held:
+    """Keep a large result of a process hosting several objects here, as it is (no copy):
+    an object of this process receives it by reference (`receive` finds it in `_OUTBOX`),
+    the driver and other processes get it from here through the object store (`give_held`,
+    `given_ref`), as they do for results held for a device-direct transport."""
+    return _held_here([value], meta, IN_PROCESS, _WHOLE, ())
+
+
+def _held_here(
+    items: list[Any],
+    meta: Any,
+    transport: str,
+    skeleton: Any,
+    specs: tuple,
+    device_type: str = "cpu",
+    auto: bool = False,
+) -> Held:
     key = uuid.uuid4().hex
     with _outbox_lock:
-        _OUTBOX[key] = [t.detach() for t in tensors]
+        _OUTBOX[key] = items
     ctx = get_worker_context()
-    specs = tuple((tuple(int(n) for n in t.shape), str(t.dtype).split(".")[-1]) for t in tensors)
     return Held(
         meta,
         transport,
@@ -359,7 +399,7 @@ def hold(transport: str, skeleton: Any, tensors: list[Any], meta: Any, auto: boo
         os.environ.get("TWINKLE_WORKER_GROUP", ""),
         skeleton,
         specs,
-        tensor_device(tensors[0]),
+        device_type,
         auto,
     )
 
@@ -486,8 +526,9 @@ _INBOX: dict[str, list[Any]] = {}
 
 
 def give_tensors(key: str) -> list[Any]:
-    """Run in the producer (`_tw_rdt_give`): a held result's tensors, which Ray keeps in its
-    RDT store (no copy) and moves to each consumer task that takes the returned ref."""
+    """Run in the producer: a held result's tensors (a kept result: `[value]`). From
+    `_tw_rdt_give`, Ray keeps them in its RDT store (no copy) and moves them to each consumer
+    task that takes the returned ref; from `given_ref`, they go through the object store."""
     return list(_taken(key))
 
 
@@ -689,23 +730,51 @@ def before_submit(
             if hit is None:
                 continue
             envelope, producer = hit
-            if producer is consumer:
-                continue  # a group handing to itself: the consumer fetches it from its holder
-            chosen, why = pair_transport(envelope, producer, consumer, call.rank)
-            if not chosen:
-                note_fallback(f"{consumer.class_name} (group {consumer.group.name!r})", why)
-                continue
-            cls = transport_class(chosen)
             holder = producer.handles[envelope.rank]
-            if rdt_name(cls):
+            if same_actor(holder, consumer.handles[call.rank]):
+                continue  # in the holder's own process: `receive` takes it by reference
+            chosen, why = "", ""
+            if producer is not consumer and envelope.transport != IN_PROCESS:
+                chosen, why = pair_transport(envelope, producer, consumer, call.rank)
+            name = None
+            cls = transport_class(chosen) if chosen else None
+            if cls is not None and rdt_name(cls):
                 ref = rdt_ref(holder, envelope.key, rdt_name(cls))
                 extra.setdefault(index, []).append((envelope.key, ref))
                 continue
-            name = GROUPS.ensure(torch_backend(cls), producer, consumer)
-            if name is None:
+            if cls is not None:
+                name = GROUPS.ensure(torch_backend(cls), producer, consumer)
+            if name is not None:
+                holder._tw_apply.remote(send_held, envelope.key, name, producer.size + call.rank)
                 continue
-            holder._tw_apply.remote(send_held, envelope.key, name, producer.size + call.rank)
+            if why:
+                note_fallback(f"{consumer.class_name} (group {consumer.group.name!r})", why)
+            # Through the object store, put by the holder in its call order right before this
+            # task, and resolved by Ray before the task starts: a consumer never waits inside
+            # its task for a holder that may be waiting for it (two ranks handing each other
+            # their results with dispatch='all').
+            extra.setdefault(index, []).append((envelope.key, given_ref(holder, envelope.key)))
     return extra
+
+
+def same_actor(a: Any, b: Any) -> bool:
+    """Whether two actor handles name one actor (colocated objects share their hosts)."""
+    return a is b or a._actor_id == b._actor_id
+
+
+#: held key -> the ref of the result put in the object store by its holder (`given_ref`).
+_GIVEN: dict[str, Any] = {}
+
+
+def given_ref(holder: Any, key: str) -> Any:
+    """A ref to held result `key` as a list of its tensors (or, kept, `[value]`), put in the
+    object store by its holder on its own thread, in its call order; one per result, however
+    many consumers take it."""
+    with _rdt_lock:
+        ref = _GIVEN.get(key)
+        if ref is None:
+            ref = _GIVEN[key] = holder._tw_apply.remote(give_tensors, key)
+        return ref
 
 
 def held_replies(refs: list[Any], replies: Iterable[Any]) -> dict[Any, Held]:
@@ -730,6 +799,8 @@ def _drop(keys: dict[Any, list[str]]) -> None:
     order with each other)."""
     gone = {k for ks in keys.values() for k in ks}
     with _rdt_lock:  # Ray frees an RDT object when its last ref is gone
+        for key in gone:
+            _GIVEN.pop(key, None)
         given = {p[0] for p in _RDT_REFS if p[0] in gone}
         for pair in [p for p in _RDT_REFS if p[0] in gone]:
             del _RDT_REFS[pair]

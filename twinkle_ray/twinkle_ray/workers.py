@@ -21,6 +21,7 @@ its whole group down (and restarts it when restart is on for it).
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import threading
 from typing import Any
@@ -123,6 +124,11 @@ class RayWorkerGroup(WorkerGroup):
     def handles(self, handles: list[Any]) -> None:
         self._handles = handles
         self._methods = {}  # bound to the previous actors
+        if len(handles) == len(self.placements):  # which actor hosts each rank, for placement
+            self.placements = [
+                dataclasses.replace(p, process=f"actor {h._actor_id.hex()[:8]}")
+                for p, h in zip(self.placements, handles, strict=True)
+            ]
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -270,7 +276,8 @@ class RayWorkerGroup(WorkerGroup):
     ) -> list[Any]:
         """One actor task per call: the method under its own name with exactly the user's
         arguments, or (arguments holding remote placeholders, reserved names) by name; a
-        call taking results Ray Direct Transport carries also takes their refs (`rdt`)."""
+        call taking held results Ray Direct Transport or the object store carries also takes
+        their refs (`rdt`: `transports.before_submit`)."""
         shipped = ship_all(calls) if has_arguments else [((), {})] * len(calls)
         if rdt:
             return self._send_rdt(method, calls, shipped, rdt)

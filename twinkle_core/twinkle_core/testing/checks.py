@@ -299,6 +299,47 @@ class Neighbour:
         return [_rank(), os.getpid()]
 
 
+#: Per worker rank, the last array a `Producer` returned there (one table per process).
+_MADE: dict[int, Any] = {}
+
+#: Rows of a `Producer` array: 512 x 64 float64 = 256 KiB, above every backend's threshold for
+#: keeping a result out of the reply (Ray's is 100 KiB).
+_ROWS = 512
+
+
+@remote_class()
+class Producer:
+    """A role whose results another role on its group takes by reference."""
+
+    @remote_function(dispatch="all", collect="concat")
+    def make(self):
+        made = _MADE[_rank()] = np.full((_ROWS, 64), float(_rank()))
+        return made
+
+    @remote_function(dispatch="all", collect="none")
+    def make_dict(self):
+        return {"x": self.make(), "rank": _rank()}
+
+
+@remote_class()
+class Consumer:
+    """What a role received: whether it is the very array its rank's producer returned."""
+
+    @remote_function(dispatch="slice_dp", collect="none")
+    def same_as_made(self, x):
+        made = _MADE.get(_rank())
+        return [_rank(), x is made, float(x[0, 0]), list(x.shape)]
+
+    @remote_function(dispatch="all", collect="none")
+    def which_are_made(self, results):
+        made = _MADE.get(_rank())
+        return [_rank(), [r["x"] is made for r in results], [float(r["x"][0, 0]) for r in results]]
+
+    @remote_function(dispatch="all", collect="none")
+    def first_values(self, x):
+        return [_rank(), list(x.shape), float(x[0, 0]), float(x[-1, 0])]
+
+
 #: Per worker rank, the TurnTaker roles holding their buffers right now (one table per process).
 _HOLDERS: dict[int, set[str]] = {}
 
@@ -706,6 +747,39 @@ def check_colocated_roles_share_processes(run: Session) -> None:
     )
 
 
+def check_colocated_hand_off_by_reference(run: Session) -> None:
+    producer = Producer(remote_group="two")
+    consumer = Consumer(remote_group="two")
+    elsewhere = run.shared(Consumer, "one")
+    made = producer.make()
+    expect(
+        "consumer.same_as_made(producer.make()): slice_dp gives each rank its own array",
+        consumer.same_as_made(made)(),
+        [[0, True, 0.0, [_ROWS, 64]], [1, True, 1.0, [_ROWS, 64]]],
+    )
+    expect(
+        "consumer.which_are_made(producer.make_dict()): only the rank's own result is shared",
+        consumer.which_are_made(producer.make_dict())(),
+        [[0, [True, False], [0.0, 1.0]], [1, [False, True], [0.0, 1.0]]],
+    )
+    expect(
+        "consumer.first_values(producer.make()) with dispatch='all': the concatenation",
+        consumer.first_values(producer.make())(),
+        [[0, [2 * _ROWS, 64], 0.0, 1.0], [1, [2 * _ROWS, 64], 0.0, 1.0]],
+    )
+    expect(
+        "a consumer on another group receives the values",
+        elsewhere.first_values(made)(),
+        [[0, [2 * _ROWS, 64], 0.0, 1.0]],
+    )
+    value = made()
+    expect(
+        "the driver's value of the handed-on call",
+        [list(value.shape), float(value[0, 0]), float(value[-1, 0])],
+        [[2 * _ROWS, 64], 0.0, 1.0],
+    )
+
+
 def check_roles_take_turns(run: Session) -> None:
     _HOLDERS.clear()  # the in-process table, if this process holds workers
     roles = {name: TurnTaker(name, remote_group="two") for name in ("policy", "ref", "gen")}
@@ -1023,6 +1097,12 @@ _CHECKS: tuple[Check, ...] = (
         "objects created on one group run in the same process per rank",
         TWO,
         check_colocated_roles_share_processes,
+    ),
+    Check(
+        "colocated_hand_off_by_reference",
+        "a result handed to another object of its group is the very object on each rank",
+        (("two", 2), ("one", 1)),
+        check_colocated_hand_off_by_reference,
     ),
     Check(
         "roles_take_turns",
