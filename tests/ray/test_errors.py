@@ -10,6 +10,7 @@ import time
 import pytest
 import ray
 import ray.cloudpickle
+from _support.processes import alive
 
 import twinkle_core
 from twinkle_core import (
@@ -93,9 +94,8 @@ def run(cluster, alerts):
         groups=[
             DeviceGroup("flaky", 2, "cpu"),
             DeviceGroup("doomed", 2, "cpu"),
-            DeviceGroup("phoenix", 2, "cpu"),
+            DeviceGroup("phoenix", 2, "cpu", max_restarts=1),
         ],
-        restart=["phoenix"],
         notifier=alerts.append,
         name="errors-test",
     )
@@ -174,9 +174,9 @@ def test_dead_worker_raises_worker_died_fast_and_tears_down_its_group(run):
     assert "tore down the whole group" in message
     # The surviving rank was killed too, and the group refuses new calls at once.
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and _alive(pids[0]):
+    while time.monotonic() < deadline and alive(pids[0]):
         time.sleep(0.1)
-    assert not _alive(pids[0])
+    assert not alive(pids[0])
     with pytest.raises(WorkerDiedError, match="was torn down"):
         doomed.pid()()
 
@@ -188,7 +188,7 @@ def test_group_configured_to_restart_comes_back_after_a_death(run):
         phoenix.crash(30)()
     after = phoenix.pid()()  # both ranks were rebuilt, and calls work again
     assert len(after) == 2 and not set(after) & set(before)
-    assert not _alive(before[0])
+    assert not alive(before[0])
 
 
 def test_calls_return_before_the_work_is_done(run):
@@ -221,11 +221,3 @@ def test_notifier_hears_once_per_distinct_failure(run, alerts):
     time.sleep(0.3)
     mine = [a for a in alerts if "same again" in a]
     assert len(mine) == 1 and "Flaky.fail_on" in mine[0] and "flaky / 0" in mine[0]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True

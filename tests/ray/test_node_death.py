@@ -13,11 +13,13 @@ import time
 import pytest
 import ray
 import ray.cloudpickle
+from _support.processes import alive
 
 from twinkle_core import (
     DeviceGroup,
     WorkerDiedError,
     get_worker_context,
+    group_state,
     initialize,
     remote_class,
     remote_function,
@@ -42,14 +44,6 @@ class Sleeper:
     def nap(self, seconds):
         time.sleep(seconds)
         return get_worker_context().rank
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def _leftovers() -> tuple[list, list]:
@@ -79,9 +73,8 @@ def test_lost_node_raises_worker_died_tears_down_the_group_and_leaves_nothing(cl
             groups=[
                 DeviceGroup("spread", [0, 2, 4], "cuda"),
                 DeviceGroup("idle", [1, 3, 5], "cuda"),
-                DeviceGroup("phoenix", [0, 2, 4], "cuda"),
+                DeviceGroup("phoenix", [0, 2, 4], "cuda", max_restarts=1),
             ],
-            restart=["phoenix"],
             # Also bounds a restart's actors coming up. Device discovery of 3 groups took over
             # 6 s on a loaded 2-core machine: 20 s leaves room and stays far below the
             # start_timeout a restart would otherwise wait.
@@ -116,9 +109,9 @@ def test_lost_node_raises_worker_died_tears_down_the_group_and_leaves_nothing(cl
         assert "unreachable" in message or "died with its node" in message
         # The survivors on the healthy nodes were killed too; new calls fail at once.
         deadline = time.monotonic() + 15
-        while time.monotonic() < deadline and any(_alive(p) for p in survivors):
+        while time.monotonic() < deadline and any(alive(p) for p in survivors):
             time.sleep(0.1)
-        assert not any(_alive(p) for p in survivors)
+        assert not any(alive(p) for p in survivors)
         start = time.monotonic()
         with pytest.raises(WorkerDiedError, match="was torn down"):
             spread.where()()
@@ -130,21 +123,26 @@ def test_lost_node_raises_worker_died_tears_down_the_group_and_leaves_nothing(cl
         print(f"idle group: {time.monotonic() - start:.2f}s: {info.value}")
         assert time.monotonic() - start < 30.0
         assert f"rank {idle_rank[0]} of group 'idle'" in str(info.value)
-        # A restartable group cannot come back on a lost node: its restart fails within
-        # placement_timeout (the node still looks alive for a while), the death is raised
-        # saying so, and the group stays torn down.
+        # A restartable group cannot come back on a lost node: its one restart fails within
+        # placement_timeout (the node still looks alive for a while), which spends its budget,
+        # and its calls fail saying so.
         start = time.monotonic()
         with pytest.raises(WorkerDiedError) as info:
             phoenix.where()(timeout=60)
         took = time.monotonic() - start
-        notes = "\n".join(getattr(info.value, "__notes__", []))
-        print(f"restart after the loss failed in {took:.2f}s: {notes}")
+        text = "\n".join([str(info.value), *getattr(info.value, "__notes__", [])])
+        print(f"restart after the loss failed in {took:.2f}s: {text}")
         assert took < 60.0
-        assert "restarting group 'phoenix' failed, so it stays torn down" in notes
+        state = group_state("phoenix")
+        assert (state.state, state.restarts, state.generation) == ("dead", 1, 0), state
+        assert "restart as generation 1 failed" in state.last_cause
         # Under load the restart's actors may be seen dying with the node before the
-        # placement_timeout runs out: either way the note says the node is gone.
-        assert "node is most likely gone" in notes or "died with its node" in notes
-        with pytest.raises(WorkerDiedError, match="its restart failed"):
+        # placement_timeout runs out: either way the cause says the node is gone.
+        assert any(
+            words in state.last_cause
+            for words in ("node is most likely gone", "died with its node", "resources are gone")
+        ), state.last_cause
+        with pytest.raises(WorkerDiedError, match="torn down for good: its restarts are spent"):
             phoenix.where()()
     finally:
         shutdown()

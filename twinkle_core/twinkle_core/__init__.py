@@ -32,13 +32,14 @@ from .errors import (
     WorkerDiedError,
     WorkerExitError,
 )
+from .health import GroupState
 from .hookspecs import hookimpl
 from .lazy import LazyCollect
 from .notify import Notifier
 from .placement import get_device_placement
 from .portable import RemoteError
 from .remote import remote_class, remote_function
-from .runtime import initialize, is_initialized, shutdown
+from .runtime import group_state, initialize, is_initialized, shutdown
 from .stacks import dump_stacks
 from .waiting import as_completed, wait
 
@@ -53,6 +54,7 @@ __all__ = [
     "DeviceMesh",
     "Dispatcher",
     "DuplicatePluginError",
+    "GroupState",
     "LazyCollect",
     "NotInitializedError",
     "Notifier",
@@ -70,6 +72,7 @@ __all__ = [
     "dump_stacks",
     "get_device_placement",
     "get_worker_context",
+    "group_state",
     "hookimpl",
     "init_distributed",
     "initialize",

@@ -42,6 +42,9 @@ class WorkerContext:
     #: The backend running this worker (`initialize(mode=...)`'s name, e.g. "ray"): how a
     #: plugin answering a worker-side hook (`twinkle_init_distributed`) knows it is its own.
     mode: str = ""
+    #: Which generation of the group's workers this is: 0, then one more after each restart
+    #: (`DeviceGroup(max_restarts=N)`), so a worker knows it was rebuilt.
+    generation: int = 0
     #: The collective groups this worker is a member of (see `collective()`).
     collectives: Memberships = field(default_factory=Memberships, compare=False, repr=False)
 

@@ -31,6 +31,8 @@ class DeviceGroup:
     `ranks` is a list of global device ranks (which accelerators the group occupies), or, for
     CPU groups, a count of worker processes. `gpus_per_worker` gives each worker several devices.
     `visible_devices` pins the group to explicit physical device ids instead of the planned ones.
+    `max_restarts` is how many times the group's workers are rebuilt after one of them dies
+    (on backends that can: Ray); 0, the default, tears the group down at its first death.
     """
 
     name: str
@@ -38,6 +40,7 @@ class DeviceGroup:
     device_type: str = "cpu"
     gpus_per_worker: int = 1
     visible_devices: Sequence[int] | None = None
+    max_restarts: int = 0
     _rank_list: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -93,6 +96,15 @@ class DeviceGroup:
                     f"the group has {len(rank_list)} ranks; give one device id per rank"
                 )
             object.__setattr__(self, "visible_devices", devices)
+        if (
+            isinstance(self.max_restarts, bool)
+            or not isinstance(self.max_restarts, int)
+            or self.max_restarts < 0
+        ):
+            raise ConfigurationError(
+                f"DeviceGroup {self.name!r}: max_restarts must be an integer >= 0 (how many "
+                f"times its workers are rebuilt after a death), got {self.max_restarts!r}"
+            )
         object.__setattr__(self, "_rank_list", rank_list)
 
     @property

@@ -105,6 +105,14 @@ def twinkle_set_rng_state(state: dict[str, Any]) -> None:
 
 
 @hookspec
+def twinkle_group_restarted(group: str, generation: int, cause: str) -> None:
+    """A device group's workers were rebuilt after a death (`DeviceGroup(max_restarts=N)`):
+    called once per restart on the driver, after every hosted object was constructed again
+    and brought up to date (`on_restart`), with the group's new generation and what killed
+    the previous one. Must not raise."""
+
+
+@hookspec
 def twinkle_remote_failure(failure) -> None:
     """Observe a remote call failure (a `twinkle_core.CallFailure`) on the driver.
 

@@ -139,7 +139,15 @@ def get_device_placement(detail: bool = False) -> str:
     lines: list[str] = ["  ".join(header)]
     for group in cfg.groups.values():
         lines.append("")
-        lines.append(group_line(group))
+        line = group_line(group)
+        health = cfg.health.get(group.name)
+        if health is not None and (group.max_restarts or health.generation):
+            state = health.snapshot()
+            line += (
+                f"  generation {state.generation} ({state.state}, restarts {state.restarts} "
+                f"of {state.max_restarts})"
+            )
+        lines.append(line)
         bound = [b for b in runtime.bound if b.workers.group.name == group.name]
         if not bound:
             lines.append("  (no remote class placed yet)")

@@ -58,6 +58,7 @@ from .failures import (
     format_remote_traceback,
 )
 from .handoff import builtin_hand_off, hand_off_value, reference_memo
+from .health import RESTART, RESTARTING, TEAR_DOWN
 from .hookspecs import hookimpl
 from .notify import Notifier
 from .platform import AcceleratorPlatform, CpuPlatform, detect_platform, get_platform
@@ -89,6 +90,9 @@ __all__ = [
     "AUTO",
     "BUILTIN_DISPATCHERS",
     "OBJECT_STORE",
+    "RESTART",
+    "RESTARTING",
+    "TEAR_DOWN",
     "AcceleratorPlatform",
     "Collective",
     "CollectiveGroup",

@@ -23,6 +23,7 @@ from .device_group import DeviceGroup
 from .device_mesh import DeviceMesh
 from .errors import ConfigurationError, NotInitializedError
 from .failures import CallFailure
+from .health import GroupState, HealthBook
 from .lazy import LazyCollect, TrackedCall, ask_many
 from .notify import AlertQueue, Notifier, as_notifier
 from .plugins import get_plugin, plugin_system
@@ -50,6 +51,8 @@ class RuntimeConfig:
     backend_options: dict[str, Any] = field(default_factory=dict)
     #: Where the call timeline is written at shutdown (None: not traced); see trace.py.
     trace: str | None = None
+    #: Every group's health (`twinkle_core.health`): a backend that restarts workers drives it.
+    health: HealthBook = field(default_factory=HealthBook)
 
 
 @dataclass
@@ -75,6 +78,7 @@ class Runtime:
         self.backend = backend
         self.alerts = AlertQueue(config.notifier) if config.notifier is not None else None
         backend.attach_alerts(self.alerts)
+        config.health.on_restarted = self.group_restarted
         self.bound: list[BoundClass] = []
         #: Which object of each group ran last (roles taking turns: `swapping.py`).
         self.turns = Turns()
@@ -127,6 +131,40 @@ class Runtime:
                     self.alerts.submit(dedupe, *failure.alert(key))
             except Exception as exc:
                 log.warning("twinkle: could not queue the failure alert: %s", exc)
+
+    def group_restarted(self, group: str, generation: int, cause: str) -> None:
+        """A group's workers were rebuilt: one log line, the `twinkle_group_restarted` hook,
+        and one alert (per restart, never per rank)."""
+        health = self.config.health.get(group)
+        budget = health.budget_text() if health is not None else ""
+        log.warning(
+            "twinkle: group %r restarted as generation %d (%s; %s)",
+            group,
+            generation,
+            cause,
+            budget,
+        )
+        try:
+            plugin_system().hook.twinkle_group_restarted(
+                group=group, generation=generation, cause=cause
+            )
+        except Exception as exc:
+            log.warning("twinkle: a twinkle_group_restarted hook raised: %s", exc)
+        if self.alerts is None:
+            return
+        title = f"twinkle run {self.config.name}: group {group} restarted"
+        text = "\n".join(
+            [
+                f"### {title}",
+                f"- **run**: {self.config.name} (mode {self.config.mode})",
+                f"- **group**: {group}, now generation {generation} ({budget})",
+                f"- **cause**: {cause}",
+            ]
+        )
+        try:
+            self.alerts.submit(f"restart:{group}:{generation}", title, text)
+        except Exception as exc:
+            log.warning("twinkle: could not queue the restart alert: %s", exc)
 
     @staticmethod
     def _known_ok(item: LazyCollect) -> bool:
@@ -496,3 +534,26 @@ def shutdown(timeout: float = 10.0) -> None:
                 _trace.finish()  # writes the trace when one is recorded (trace.py)
                 if rt.alerts is not None:
                     rt.alerts.close(timeout)  # only what is left of the deadline
+
+
+def group_state(obj: Any) -> GroupState:
+    """The health of a remote object's device group (or of the group named `obj`): `state`
+    ("healthy", "restarting", "dead"), the `generation` of workers serving it, the restarts
+    begun and the budget (`DeviceGroup(max_restarts=...)`), and the `last_cause` of a death."""
+    runtime = current_runtime()
+    if isinstance(obj, str):
+        group = runtime.config.groups.get(obj)
+        if group is None:
+            known = ", ".join(repr(n) for n in runtime.config.groups) or "none"
+            raise ConfigurationError(
+                f"group_state({obj!r}): no group of that name in this run (groups: {known})"
+            )
+    else:
+        binding = getattr(obj, "__dict__", {}).get("_twinkle_binding")
+        if binding is None:
+            raise ConfigurationError(
+                f"group_state(...) takes a remote object or a group name, got "
+                f"{type(obj).__name__}; pass the object a @remote_class made, or its group's name"
+            )
+        group = binding.workers.group
+    return runtime.config.health.of(group).snapshot()

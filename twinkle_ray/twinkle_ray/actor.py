@@ -133,6 +133,10 @@ class TwinkleActor:
             "visible": visible,
         }
 
+    def _tw_ping(self) -> bool:
+        """Answer the driver's liveness probe (groups that may restart: `restarts.Watcher`)."""
+        return True
+
     def _tw_free_port(self) -> tuple[str, int]:
         """An address and free port on this node for the torch.distributed rendezvous."""
         return ray.util.get_node_ip_address(), free_port()
@@ -191,11 +195,13 @@ class TwinkleActor:
         """Build another object of the group in this process, in slot `slot`: seeded as a
         fresh worker would be, with generators of its own; the process's (slot 0's) are left
         as they were. Costs the object's `__init__` and nothing else."""
-        if len(self._tw_slots) != slot:
+        if len(self._tw_slots) > slot:
             raise RuntimeError(
                 f"actor of group {self._tw_boot.group!r} rank {self._tw_boot.rank} holds "
                 f"{len(self._tw_slots)} object(s) and was asked to build slot {slot}"
             )
+        while len(self._tw_slots) < slot:  # (a restart skips objects that failed to build)
+            self._tw_slots.append((None, "", None))
         # Collective and transport groups are joined by the process: its objects share them.
         ctx = dataclasses.replace(ctx, collectives=self._tw_context.collectives)
         try:

@@ -8,6 +8,7 @@ seed and worker context. `shutdown()` removes exactly what the run made.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import os
@@ -37,11 +38,12 @@ from . import transports
 from .actor import ActorBoot, actor_class_for
 from .cluster import ClusterConnection
 from .envvars import passthrough_patterns, select
-from .hosts import Hosts
+from .hosts import Hosts, Member
 from .options import RayOptions
 from .payload_check import checked_arguments
 from .pending import RayPendingCall
 from .resources import ClusterResourceError, ResourceManager, embedded_cluster_cpus, ray_request
+from .restarts import Restarter
 from .shadowing import check_worker_imports, connected_code_paths
 from .shipping import ship_all
 from .transfer import register_tensor_serializer, reset_tensor_serializer
@@ -128,6 +130,8 @@ class RayBackend(ExecutionBackend):
         self._instances = itertools.count()
         #: Collective groups of this run: name -> member actor handles (left at shutdown).
         self.collectives: dict[str, list[Any]] = {}
+        #: Turns a worker's death into a restart or a teardown (`restarts.py`).
+        self.restarter = Restarter(self)
 
     # ------------------------------------------------------------------ lifecycle
     def initialize(self, config) -> None:
@@ -186,6 +190,7 @@ class RayBackend(ExecutionBackend):
 
     def shutdown(self) -> None:
         """Kill every actor and remove every placement group of this run; safe twice."""
+        self.restarter.watcher.stop()
         groups, self.worker_groups = self.worker_groups, []
         self.hosts = {}
         collectives, self.collectives = self.collectives, {}
@@ -247,16 +252,18 @@ class RayBackend(ExecutionBackend):
             )
             for s in slots
         ]
+        # LazyCollect arguments become values once: a restart replays the constructor with
+        # the same values, never re-running the call they came from.
         args, kwargs = _resolve_lazies(args), _resolve_lazies(kwargs)
         rdt = wants_direct_transport(group, opts.direct_transport)
         # One process per rank per group: an object joins the actors of the group's earlier
-        # objects, unless it asks for its own (colocate=False), the group restarts (issue 28:
-        # restarts rebuild one object's actors), or it needs other actors (execute='first'
-        # beside a full group, another Ray Direct Transport declaration).
-        shares = class_options(cls)["colocate"] and not opts.restarts(group.name)
+        # objects, unless it asks for its own (colocate=False) or needs other actors
+        # (execute='first' beside a full group, another Ray Direct Transport declaration).
+        shares = class_options(cls)["colocate"]
         hosts = self.hosts.get(group.name) if shares else None
         if hosts is not None and hosts.fits(num_workers, rdt):
             return self._colocate(hosts, cls, group, device_mesh, args, kwargs, instance)
+        health = config.health.of(group)
         hosting, direct = actor_class(cls, rdt)
         workers = RayWorkerGroup(
             group,
@@ -265,39 +272,98 @@ class RayBackend(ExecutionBackend):
             [],
             placements,
             config.name,
-            restartable=opts.restarts(group.name),
+            restartable=health.max_restarts > 0,
             direct=direct,
             direct_transport=rdt,
         )
+        workers.restarts = health.generation
+        workers.health = health
+        workers.restart_wait = opts.start_timeout
         self.worker_groups.append(workers)
-
-        def spawn(generation: int) -> None:
-            timeout = hello_timeout = opts.start_timeout
-            if generation:
-                # A restart reuses the group's placement groups: they must still stand, and
-                # an actor that cannot start in a bundle already held means its node is gone
-                # (a node killed without warning still looks alive for ~15 s): its start is
-                # bounded by placement_timeout; the user's constructor keeps start_timeout.
-                resources.check_standing(group.name, slots)
-                hello_timeout = min(timeout, opts.placement_timeout)
-            workers.tag = f"{group.name}:{cls.__name__}:{instance}.{generation}"
-            workers.handles = self._spawn(hosting, cls, group, slots, f"{instance}.{generation}")
-            try:
-                self._start(workers, slots, cls, args, kwargs, config, timeout, hello_timeout)
-            except BaseException:
-                workers.teardown("its start-up failed")
-                raise
-
+        workers.tag = f"{group.name}:{cls.__name__}:{instance}.0"
+        workers.handles = self._spawn(hosting, cls, group, slots, f"{instance}.0")
         try:
-            spawn(0)
+            self._start(workers, slots, cls, args, kwargs, config, opts.start_timeout)
         except BaseException:
+            workers.teardown("its start-up failed")
             self.worker_groups.remove(workers)
             raise
+        hosts = Hosts(workers, slots, rdt, hosting, instance)
+        self._host(hosts, workers, cls, args, kwargs, 0)
+        if shares and (group.name not in self.hosts or not self.hosts[group.name].alive):
+            self.hosts[group.name] = hosts
         if workers.restartable:
-            workers.restarter = spawn
-        elif shares and (group.name not in self.hosts or not self.hosts[group.name].alive):
-            self.hosts[group.name] = Hosts(workers, slots, rdt)
+            self.restarter.watcher.watch(hosts)
         return workers
+
+    def _host(self, hosts: Hosts, workers: RayWorkerGroup, cls, args, kwargs, slot: int) -> None:
+        """Record an object hosted by `hosts`, and route its deaths to the restarter."""
+        hosts.members.append(Member(workers, cls, args, kwargs, slot))
+        restarter = self.restarter
+        workers.restarter = lambda cause: restarter.died(hosts, cause)
+
+    def rebuild(self, hosts: Hosts, generation: int) -> None:
+        """Build `hosts`' actors again as `generation` (`restarts.Restarter`): new processes on
+        the same placement, every hosted object's constructor replayed with its original
+        arguments in slot order, then `on_restart(generation)` where an object defines it."""
+        config, opts, resources = self.config, self.options, self.resources
+        assert config is not None and opts is not None and resources is not None
+        members = hosts.members
+        first = members[0]
+        group = first.workers.group
+        # A restart reuses the group's placement groups: they must still stand, and an actor
+        # that cannot start in a bundle already held means its node is gone (a node killed
+        # without warning still looks alive for ~15 s): its start is bounded by
+        # placement_timeout; the user's constructor keeps start_timeout.
+        resources.check_standing(group.name, hosts.slots)
+        handles = self._spawn(
+            hosts.hosting, first.cls, group, hosts.slots, f"{hosts.instance}.{generation}"
+        )
+        for member in members:
+            member.workers.restarts = generation
+            member.workers.handles = handles
+            member.workers.tag = f"{group.name}:{member.cls.__name__}:{hosts.instance}.{generation}"
+        try:
+            timeout = opts.start_timeout
+            self._start(
+                first.workers,
+                hosts.slots,
+                first.cls,
+                first.args,
+                first.kwargs,
+                config,
+                timeout,
+                min(timeout, opts.placement_timeout),
+            )
+            for member in members[1:]:
+                member.workers.placements = first.workers.placements  # the same processes
+                self._construct_more(hosts, member.workers, member.cls, member.args, member.kwargs)
+            self._on_restart(hosts, generation)
+        except BaseException:
+            for handle in handles:
+                try:
+                    ray.kill(handle, no_restart=True)
+                except Exception:
+                    pass
+            raise
+
+    def _on_restart(self, hosts: Hosts, generation: int) -> None:
+        """Run `on_restart(generation)` on every rank of every hosted object defining it."""
+        opts = self.options
+        assert opts is not None
+        for member in hosts.members:
+            if not callable(getattr(member.cls, "on_restart", None)):
+                continue
+            workers = member.workers
+            ranks = list(range(workers.size))
+            refs = [
+                handle._tw_call.remote(member.slot, "on_restart", False, generation)
+                for handle in workers.handles
+            ]
+            pending = RayPendingCall(workers, "on_restart", ranks, refs, generation)
+            what = f"{workers.class_name}.on_restart({generation}) on group {workers.group.name!r}"
+            with waiting_for(what):
+                _raise_first(pending, opts.start_timeout, "bring itself up to date (on_restart)")
 
     def _colocate(
         self,
@@ -322,18 +388,31 @@ class RayBackend(ExecutionBackend):
             first.handles,
             first.placements,
             config.name,
+            restartable=first.restartable,
             direct_transport=first.direct_transport,
             slot=slot,
             send_lock=first._send_lock,
         )
-        workers.tag = f"{group.name}:{cls.__name__}:{instance}.0"
+        workers.restarts = first.restarts
+        workers.health = first.health
+        workers.restart_wait = first.restart_wait
+        workers.tag = f"{group.name}:{cls.__name__}:{hosts.instance}.{first.restarts}"
+        self._construct_more(hosts, workers, cls, args, kwargs)
+        self._host(hosts, workers, cls, args, kwargs, slot)
+        self.worker_groups.append(workers)
+        return workers
+
+    def _construct_more(self, hosts: Hosts, workers: RayWorkerGroup, cls, args, kwargs) -> None:
+        """Build `cls(*args, **kwargs)` in slot `workers.slot` of every actor of `hosts`."""
+        config, opts = self.config, self.options
+        assert config is not None and opts is not None
         ranks = list(range(workers.size))
         calls = [WorkerCall(r, args, kwargs) for r in ranks]
         with checked_arguments(workers.class_name, "__init__", calls):
             shipped = ship_all(calls)
         refs = [
             handle._tw_construct_more.remote(
-                slot,
+                workers.slot,
                 self._context(workers, hosts.slots[r]),
                 config.seed,
                 config.full_determinism,
@@ -343,12 +422,11 @@ class RayBackend(ExecutionBackend):
             )
             for r, (handle, (a, k)) in enumerate(zip(workers.handles, shipped, strict=True))
         ]
-        construct = RayPendingCall(workers, "__init__", ranks, refs, 0)
+        construct = RayPendingCall(workers, "__init__", ranks, refs, workers.restarts)
+        group = workers.group
         what = f"group {group.name!r} ({cls.__name__} in the group's {workers.size} actors)"
         with waiting_for(f"{cls.__name__}.__init__ on every actor of {what}"):
             _raise_first(construct, opts.start_timeout, "construct")
-        self.worker_groups.append(workers)
-        return workers
 
     def _spawn(
         self, hosting: Any, cls: type, group: DeviceGroup, slots: list, instance: str
@@ -421,7 +499,13 @@ class RayBackend(ExecutionBackend):
         what = f"group {workers.group.name!r} ({workers.class_name}, {len(ranks)} actors)"
         try:
             with waiting_for(f"the actors of {what} to start"):
-                _raise_first(hello, min(timeout, hello_timeout or timeout), "start")
+                started = _raise_first(hello, min(timeout, hello_timeout or timeout), "start")
+            # Each rank's process, for get_device_placement(detail=True) (and whoever must
+            # find a worker to kill it).
+            workers.placements = [
+                dataclasses.replace(p, process=f"pid {info['pid']}")
+                for p, info in zip(workers.placements, started, strict=True)
+            ]
         except CallTimeoutError as exc:
             if hello_timeout is None or hello_timeout >= timeout:
                 raise
@@ -465,6 +549,7 @@ class RayBackend(ExecutionBackend):
                 else workers.placements[slot.rank].devices
             ),
             mode=self.name,
+            generation=workers.restarts,
         )
 
     # ------------------------------------------------------------------ collective groups
@@ -495,10 +580,11 @@ class RayBackend(ExecutionBackend):
         return {"ray": f"{self.connection.address} ({how})", "nodes": nodes}
 
 
-def _raise_first(pending: RayPendingCall, timeout: float, what: str) -> None:
-    """Wait for a start-up step; raise the lowest failing rank's own exception, with where."""
+def _raise_first(pending: RayPendingCall, timeout: float, what: str) -> list[Any]:
+    """Wait for a start-up step (its results); raise the lowest failing rank's own exception,
+    with where."""
     try:
-        pending.wait(timeout)
+        return pending.wait(timeout)
     except WorkersFailedError as errors:
         first = errors.failures[0]
         exc = first.exception

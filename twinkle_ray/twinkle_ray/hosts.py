@@ -1,33 +1,60 @@
-"""The actors of a device group that host its colocated objects (one process per rank).
+"""The actors of a device group that host its objects (one process per rank), and what a
+restart needs to build them again.
 
 The group's first object starts one actor per rank; every later object of the group that can
 share them (`remote_class(colocate=True)`, the default, the same number of workers and Ray
-Direct Transport declaration, a group that does not restart) is built in those same actors,
-in the next slot (`TwinkleActor._tw_construct_more`), as torchrun hosts every object of a
-rank in its one process. When the actors are torn down (a worker died), the next object on
-the group starts new ones.
+Direct Transport declaration) is built in those same actors, in the next slot
+(`TwinkleActor._tw_construct_more`), as torchrun hosts every object of a rank in its one
+process. An object with `colocate=False` gets `Hosts` of its own, not shared. Each `Member`
+keeps its class and constructor arguments (LazyCollects already resolved to their values), so
+a restart (`restarts.py`) replays every constructor, in slot order, in new actors. When the
+actors are torn down for good, the next object on the group starts new ones.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from typing import Any
 
 
 @dataclass
+class Member:
+    """One object hosted by the actors: its worker group, class, arguments and slot."""
+
+    workers: Any
+    cls: type
+    args: tuple
+    kwargs: dict
+    slot: int
+
+
+@dataclass
 class Hosts:
-    """One group's shared actors: its first object's workers, their placement slots
+    """One set of actors: its first object's workers, their placement slots
     (`resources.WorkerSlot`, one per rank), whether they are declared for Ray Direct Transport,
-    and how many objects they host."""
+    the actor class (`hosting`) and instance number their names use, and the objects they
+    host (`members`, in slot order)."""
 
     first: Any
     slots: list[Any]
     rdt: bool
+    hosting: Any = None
+    instance: int = 0
     objects: int = 1
+    members: list[Member] = field(default_factory=list)
+    #: Rank -> the liveness probe in flight for it (`restarts.Watcher`).
+    pings: dict[int, Any] = field(default_factory=dict)
+    #: Held while a death is turned into a restart or a teardown (one at a time).
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
     def alive(self) -> bool:
         return self.first.torn_down is None
+
+    @property
+    def group(self) -> Any:
+        return self.first.group
 
     def fits(self, num_workers: int, rdt: bool) -> bool:
         """Whether an object of `num_workers` workers and declaration `rdt` can join."""
@@ -38,3 +65,10 @@ class Hosts:
         slot = self.objects
         self.objects += 1
         return slot
+
+    def teardown(self, reason: str) -> None:
+        """Kill the actors (once) and mark every hosted object torn down with `reason`."""
+        self.first.teardown(reason)
+        for member in self.members:
+            member.workers.torn_down = reason
+        self.pings = {}

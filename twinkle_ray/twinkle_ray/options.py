@@ -28,8 +28,6 @@ class RayOptions:
       name (fractions allowed, default 1).
     - `env_passthrough`: extra environment variable names (`PREFIX_*` allowed) sent to workers.
     - `namespace`: the Ray namespace of the run's actors (default: an anonymous one).
-    - `restart`: groups whose workers are all restarted (rebuilt from their constructor) when
-      one dies, instead of being torn down for good: True for every group, or group names.
     - `direct_transport`: declare actors for Ray Direct Transport (the `cuda_ipc` and `nixl`
       transports). None (default): the actors of accelerator groups only; True/False: every
       group's. Declared actors start slower and run their methods on a thread Ray starts, not
@@ -46,13 +44,18 @@ class RayOptions:
     cpus_per_worker: float | dict[str, float] = 1.0
     env_passthrough: tuple[str, ...] = ()
     namespace: str | None = None
-    restart: bool | tuple[str, ...] = False
     oversubscribe: bool = False
     direct_transport: bool | None = None
 
     @classmethod
     def parse(cls, options: Mapping[str, Any]) -> RayOptions:
         known = {f.name for f in fields(cls)}
+        if "restart" in options:
+            raise ConfigurationError(
+                "initialize(mode='ray', restart=...) is gone: restarts belong to the group now, "
+                "in every mode. Give the group a budget instead: DeviceGroup('name', ..., "
+                "max_restarts=3)"
+            )
         unknown = sorted(set(options) - known)
         if unknown:
             raise ConfigurationError(
@@ -118,18 +121,7 @@ class RayOptions:
                 f"initialize(mode='ray', oversubscribe=...) must be True or False, "
                 f"got {opts.oversubscribe!r}"
             )
-        if not isinstance(opts.restart, bool):
-            if isinstance(opts.restart, str) or not all(isinstance(v, str) for v in opts.restart):
-                raise ConfigurationError(
-                    f"initialize(mode='ray', restart=...) must be True, False or a list of group "
-                    f"names, got {opts.restart!r}"
-                )
-            opts.restart = tuple(opts.restart)
         return opts
-
-    def restarts(self, group: str) -> bool:
-        """Whether group `group` is restarted after a worker death."""
-        return self.restart if isinstance(self.restart, bool) else group in self.restart
 
     def cpus_for(self, group: str) -> float:
         """CPUs one worker of CPU group `group` reserves."""

@@ -21,7 +21,6 @@ its whole group down (and restarts it when restart is on for it).
 from __future__ import annotations
 
 import collections
-import dataclasses
 import logging
 import threading
 from typing import Any
@@ -31,6 +30,7 @@ import ray.exceptions as rex
 
 from twinkle_core import CallTimeoutError, DeviceGroup, DeviceMesh, LazyCollect, WorkerDiedError
 from twinkle_core.plugin import (
+    RESTARTING,
     CompletedCall,
     PendingCall,
     PreparedCall,
@@ -41,6 +41,7 @@ from twinkle_core.plugin import (
     WorkersFailedError,
     format_remote_traceback,
     rebuilt,
+    waiting_for,
 )
 
 from .actor import RESERVED_PREFIX
@@ -97,9 +98,15 @@ class RayWorkerGroup(WorkerGroup):
         self.direct_transport = direct_transport
         #: Methods the actors expose under their own name (see `actor.actor_class_for`).
         self.direct = direct
-        #: Driver-side only: rebuilds every actor of the group (set by the backend).
+        #: Driver-side only: `restarter(cause)` turns a death into a restart or a teardown
+        #: (set by the backend: `restarts.Restarter.died` for this object's actors).
         self.restarter: Any = None
+        #: The generation of the workers serving this object (0 until the group restarts).
         self.restarts = 0
+        #: Driver-side only: the group's health (`twinkle_core.plugin.GroupHealth`).
+        self.health: Any = None
+        #: Seconds a call waits for a restart under way (the backend sets its start timeout).
+        self.restart_wait = 300.0
         self.torn_down: str | None = None
         #: Held while one call's tasks are handed to Ray, so that every rank receives the
         #: calls of this process in the same order (Ray keeps each caller's order per actor):
@@ -124,11 +131,6 @@ class RayWorkerGroup(WorkerGroup):
     def handles(self, handles: list[Any]) -> None:
         self._handles = handles
         self._methods = {}  # bound to the previous actors
-        if len(handles) == len(self.placements):  # which actor hosts each rank, for placement
-            self.placements = [
-                dataclasses.replace(p, process=f"actor {h._actor_id.hex()[:8]}")
-                for p, h in zip(self.placements, handles, strict=True)
-            ]
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -136,6 +138,7 @@ class RayWorkerGroup(WorkerGroup):
         state.pop("finished", None)
         state["_methods"] = {}
         state["restarter"] = None
+        state["health"] = None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -160,13 +163,19 @@ class RayWorkerGroup(WorkerGroup):
         node = self.node_of(rank)
         if isinstance(exc, DEATH_ERRORS):
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            after = (
-                "twinkle restarts the whole group (restart is on for it): every worker is "
-                "rebuilt from its constructor, so state since then is lost"
-                if self.restartable
-                else "twinkle tore down the whole group, whose other ranks would hang in their "
-                "next collective: create the remote object again to continue"
-            )
+            health = self.health
+            if self.restartable and health is not None and health.snapshot().restarts_left:
+                after = (
+                    f"twinkle restarts the whole group (max_restarts={health.max_restarts}): "
+                    "every worker is rebuilt from its constructor and brought up to date by "
+                    "on_restart(generation) where the class defines it; later calls run on "
+                    "the new generation"
+                )
+            else:
+                after = (
+                    "twinkle tore down the whole group, whose other ranks would hang in their "
+                    "next collective: create the remote object again to continue"
+                )
             died = WorkerDiedError(
                 f"worker rank {rank} of group {self.group.name!r} ({self.class_name}) on node "
                 f"{node or '?'} {how_it_died(exc)} ({type(exc).__name__}: {reason[:300]}); "
@@ -186,32 +195,34 @@ class RayWorkerGroup(WorkerGroup):
         return WorkerFailure(rank, exc, node, format_remote_traceback(exc))
 
     def on_failures(self, failures: list[WorkerFailure], generation: int | None = None) -> None:
-        """Tear the group down (and restart it when configured) after a worker died.
+        """Tear the group down, or have it restarted, after a worker died.
 
-        A call made before the last restart (`generation` older than `restarts`) reports its
-        own deaths but leaves the rebuilt group alone.
+        A call made on an earlier generation (`generation` older than `restarts`) reports its
+        own deaths, with a note saying the group has restarted since, and leaves the rebuilt
+        group alone.
         """
         died = [f for f in failures if isinstance(f.exception, WorkerDiedError)]
-        if not died or self.torn_down is not None:
+        if not died:
             return
         if generation is not None and generation != self.restarts:
+            for failure in died:
+                failure.exception.add_note(
+                    f"twinkle: this call ran on generation {generation} of group "
+                    f"{self.group.name!r}, which has restarted since (now generation "
+                    f"{self.restarts}); its workers and results are gone: call again"
+                )
+            return
+        if self.torn_down is not None:
             return
         first = died[0]
-        reason = f"rank {first.rank} on node {first.node or '?'} died"
-        self.teardown(reason)
+        cause = (
+            f"worker rank {first.rank} of group {self.group.name!r} ({self.class_name}) on node "
+            f"{first.node or '?'} died"
+        )
         if self.restarter is not None:
-            self.restarts += 1
-            try:
-                self.restarter(self.restarts)
-            except Exception as exc:  # the group stays torn down; the death is still raised
-                self.torn_down = f"{reason}, and its restart failed: {exc}"
-                log.error("twinkle: restarting group %r failed: %s", self.group.name, exc)
-                first.exception.add_note(
-                    f"twinkle: restarting group {self.group.name!r} failed, so it stays torn "
-                    f"down: {type(exc).__name__}: {exc}"
-                )
-                return
-            self.torn_down = None
+            self.restarter(cause)
+        else:
+            self.teardown(cause)
 
     def teardown(self, reason: str) -> None:
         """Kill every actor of this group (a torch.distributed group cannot lose one rank)."""
@@ -227,6 +238,8 @@ class RayWorkerGroup(WorkerGroup):
         method, calls = prepared.method, prepared.calls
         local = prepared.backend_data
         has_remote = local is not None
+        if self.torn_down is not None and self.health is not None:
+            self._wait_for_restart()
         if self.torn_down is not None:
             return CompletedCall(
                 [],
@@ -265,6 +278,15 @@ class RayWorkerGroup(WorkerGroup):
             keep_until_done(refs, producers)
         # The ranks as a tuple of ints, which the garbage collector stops tracking.
         return RayPendingCall(self, method, tuple([c.rank for c in calls]), refs, self.restarts)
+
+    def _wait_for_restart(self) -> None:
+        """A call made while the group restarts waits for the new generation (at most the
+        run's start timeout); it then runs there, or fails as a torn-down group's would."""
+        health = self.health
+        if health.state != RESTARTING:
+            return
+        with waiting_for(f"group {self.group.name!r} to restart"):
+            health.serving.wait(self.restart_wait)
 
     def _send(
         self,

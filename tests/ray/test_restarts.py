@@ -1,0 +1,214 @@
+"""Groups that survive a dead worker (`DeviceGroup(max_restarts=N)`), on a real local Ray
+cluster: workers are found through `get_device_placement(detail=True)` and SIGKILLed, idle,
+mid-call and until the budget is spent. Each test passes only on a bounded, attributable
+error for the calls that were running, the next call succeeding on the new generation with
+the right values (the role brought up to date by `on_restart`), one alert per restart, and
+nothing left running after `shutdown()`."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import sys
+import time
+
+import pytest
+import ray.cloudpickle
+from _support.processes import alive
+
+from twinkle_core import (
+    DeviceGroup,
+    WorkerDiedError,
+    get_device_placement,
+    get_worker_context,
+    group_state,
+    hookimpl,
+    initialize,
+    remote_class,
+    remote_function,
+    shutdown,
+)
+from twinkle_core.plugins import plugin_system
+
+HERE = os.path.basename(__file__)
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import tests
+
+
+@remote_class()
+class Learner:
+    """A role with state a restart would lose: `on_restart` reloads it from a checkpoint."""
+
+    def __init__(self, checkpoint):
+        self.checkpoint = checkpoint
+        self.weights = 0.0
+        self.restored = None
+
+    @remote_function(dispatch="all", collect="none")
+    def train(self, delta):
+        self.weights += delta
+        with open(f"{self.checkpoint}.{get_worker_context().rank}", "w") as f:
+            f.write(repr(self.weights))  # the checkpoint a real trainer would save
+        return self.weights
+
+    def on_restart(self, generation):
+        with open(f"{self.checkpoint}.{get_worker_context().rank}") as f:
+            self.weights = float(f.read())
+        self.restored = generation
+
+    @remote_function(dispatch="all", collect="none")
+    def state(self):
+        ctx = get_worker_context()
+        return [ctx.rank, ctx.generation, self.weights, self.restored, os.getpid()]
+
+    @remote_function(dispatch="all", collect="none")
+    def nap(self, seconds):
+        time.sleep(seconds)
+        return os.getpid()
+
+
+@remote_class()
+class Counter:
+    """A second role colocated with the learner: rebuilt from its constructor."""
+
+    def __init__(self, start):
+        self.count = start
+
+    @remote_function(dispatch="all", collect="none")
+    def bump(self):
+        self.count += 1
+        return [self.count, os.getpid()]
+
+
+class Restarts:
+    """Records the `twinkle_group_restarted` hook."""
+
+    def __init__(self):
+        self.seen = []
+
+    @hookimpl
+    def twinkle_group_restarted(self, group, generation, cause):
+        self.seen.append((group, generation, cause))
+
+
+def wait_until(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} did not happen within {timeout:g}s")
+        time.sleep(0.1)
+
+
+def _pid(group: str, rank: int) -> int:
+    """A worker's pid, read from the placement table as a user would."""
+    text = get_device_placement(detail=True)
+    block = text.split(f"group {group} ", 1)[1]
+    line = next(li for li in block.splitlines() if re.search(rf"rank {rank}\s+node", li))
+    return int(re.search(r"process pid (\d+)", line).group(1))
+
+
+@pytest.fixture
+def run(cluster, tmp_path):
+    alerts = []
+    hook = Restarts()
+    plugin_system().add(hook, name="test-restarts")
+    initialize(
+        "ray",
+        address=cluster.address,
+        groups=[
+            DeviceGroup("phoenix", 2, "cpu", max_restarts=2),
+            DeviceGroup("short", 2, "cpu", max_restarts=1),
+        ],
+        notifier=lambda text: alerts.append(text.splitlines()[0]),
+        name="restarts-test",
+    )
+    pids = []
+    try:
+        yield {"alerts": alerts, "hook": hook, "ckpt": str(tmp_path / "ckpt"), "pids": pids}
+    finally:
+        shutdown()
+        plugin_system().pm.unregister(name="test-restarts")
+        plugin_system().infos.pop("test-restarts", None)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any(alive(p) for p in pids):
+        time.sleep(0.2)
+    assert not [p for p in pids if alive(p)], "workers outlived shutdown()"
+
+
+def test_a_worker_killed_while_idle_is_rebuilt_and_brought_up_to_date(run):
+    learner = Learner(run["ckpt"], remote_group="phoenix")
+    counter = Counter(10, remote_group="phoenix")  # colocated: the same processes
+    assert learner.train(1.5)() == [1.5, 1.5]
+    assert [c for c, _ in counter.bump()()] == [11, 11]
+    before = [row[4] for row in learner.state()()]
+    run["pids"].extend(before)
+    assert _pid("phoenix", 1) == before[1]
+
+    os.kill(before[1], signal.SIGKILL)
+    # Nobody calls: the liveness probe notices, and the group restarts on its own.
+    wait_until(lambda: group_state(learner).generation == 1, timeout=60, what="the restart")
+    state = group_state(learner)
+    assert (state.state, state.restarts, state.max_restarts) == ("healthy", 1, 2)
+    assert "rank 1 of group 'phoenix'" in state.last_cause and "idle" in state.last_cause
+
+    rows = learner.state()()  # the next call works, on generation 1, weights reloaded
+    assert [(r[0], r[1], r[2], r[3]) for r in rows] == [(0, 1, 1.5, 1), (1, 1, 1.5, 1)]
+    after = [r[4] for r in rows]
+    run["pids"].extend(after)
+    assert not set(after) & set(before) and not any(alive(p) for p in before)
+    assert [c for c, _ in counter.bump()()] == [11, 11]  # constructor replayed: from 10 again
+    assert "generation 1" in "\n".join(
+        li for li in get_device_placement(detail=True).splitlines() if "phoenix" in li
+    )
+    assert [(g, n) for g, n, _ in run["hook"].seen] == [("phoenix", 1)]
+    wait_until(lambda: len(run["alerts"]) == 1, timeout=30, what="the alert")
+    assert run["alerts"] == ["twinkle run restarts-test: group phoenix restarted"]
+
+
+def test_a_worker_killed_mid_call_fails_that_call_and_the_next_runs_on_the_new_generation(run):
+    learner = Learner(run["ckpt"], remote_group="phoenix")
+    learner.train(2.0)()
+    before = [row[4] for row in learner.state()()]
+    run["pids"].extend(before)
+    lazy = learner.nap(60)  # line below: the call site the error names
+    time.sleep(0.5)
+    killed_at = time.monotonic()
+    os.kill(_pid("phoenix", 0), signal.SIGKILL)
+    with pytest.raises(WorkerDiedError) as info:
+        lazy(timeout=60)
+    took = time.monotonic() - killed_at
+    text = str(info.value)
+    assert took < 15, took  # 0.04 s on a quiet machine; bounded far below the nap
+    assert "worker rank 0 of group 'phoenix' (Learner)" in text and HERE in text
+    assert "max_restarts=2" in text
+
+    rows = learner.state()()  # waits for the restart, then runs there
+    assert [(r[1], r[2], r[3]) for r in rows] == [(1, 2.0, 1), (1, 2.0, 1)]
+    run["pids"].extend(r[4] for r in rows)
+    # A result of the old generation is gone, and says so instead of mixing generations.
+    assert group_state("phoenix").generation == 1
+
+
+def test_deaths_beyond_the_budget_leave_the_group_dead_with_an_error_saying_so(run):
+    learner = Learner(run["ckpt"], remote_group="short")
+    learner.train(1.0)()
+    first = [row[4] for row in learner.state()()]
+    run["pids"].extend(first)
+    os.kill(first[0], signal.SIGKILL)
+    wait_until(lambda: group_state("short").generation == 1, timeout=60, what="the restart")
+    second = [row[4] for row in learner.state()()]
+    run["pids"].extend(second)
+    os.kill(second[1], signal.SIGKILL)
+    wait_until(lambda: group_state("short").state == "dead", timeout=60, what="the teardown")
+    state = group_state("short")
+    assert (state.restarts, state.generation) == (1, 1)
+    with pytest.raises(WorkerDiedError, match="torn down for good: its restarts are spent"):
+        learner.state()()
+    assert [(g, n) for g, n, _ in run["hook"].seen] == [("short", 1)]  # one restart, one hook
+    wait_until(lambda: len(run["alerts"]) >= 2, timeout=30, what="the alerts")
+    time.sleep(1.0)
+    # one alert for the restart, one for the call that failed on the dead group
+    assert sorted(run["alerts"]) == [
+        "twinkle run restarts-test: Learner.state failed",
+        "twinkle run restarts-test: group short restarted",
+    ]
