@@ -26,4 +26,5 @@ MODULES = (
     "ray_rdt",
     "colocation",
     "colocated_handoff",
+    "restart_time",
 )

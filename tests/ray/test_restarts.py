@@ -212,3 +212,40 @@ def test_deaths_beyond_the_budget_leave_the_group_dead_with_an_error_saying_so(r
         "twinkle run restarts-test: Learner.state failed",
         "twinkle run restarts-test: group short restarted",
     ]
+
+
+@remote_class()
+class SlowToRebuild:
+    """Builds at once the first time, slowly when rebuilt (a kill can land in the replay)."""
+
+    def __init__(self):
+        if get_worker_context().generation > 0:
+            time.sleep(8)
+
+    @remote_function(dispatch="all", collect="none")
+    def where(self):
+        ctx = get_worker_context()
+        return [ctx.rank, ctx.generation, os.getpid()]
+
+
+def test_a_death_during_the_constructor_replay_spends_a_restart_and_the_next_one_succeeds(run):
+    obj = SlowToRebuild(remote_group="phoenix")
+    first = [row[2] for row in obj.where()()]
+    run["pids"].extend(first)
+    os.kill(first[0], signal.SIGKILL)
+    # The rebuild's processes show in the placement table once they started, while the
+    # constructor replay sleeps: kill one of them there.
+    wait_until(lambda: _pid("phoenix", 1) not in first, timeout=60, what="the rebuild's processes")
+    replaying = _pid("phoenix", 1)
+    run["pids"].append(replaying)
+    assert group_state(obj).state == "restarting"
+    os.kill(replaying, signal.SIGKILL)
+    wait_until(lambda: group_state(obj).generation == 1, timeout=120, what="the second attempt")
+    state = group_state(obj)
+    assert (state.state, state.restarts) == ("healthy", 2)
+    assert "restart as generation 1 failed" in state.last_cause
+    rows = obj.where()()
+    run["pids"].extend(r[2] for r in rows)
+    assert [(r[0], r[1]) for r in rows] == [(0, 1), (1, 1)]
+    assert replaying not in [r[2] for r in rows]
+    assert [(g, n) for g, n, _ in run["hook"].seen] == [("phoenix", 1)]  # one restart done
