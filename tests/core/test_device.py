@@ -46,7 +46,7 @@ def test_device_group_aliases_come_from_the_platforms_and_counts():
         (dict(name="g", ranks=0), "ranks as a count must be >= 1"),
         (dict(name="g", ranks=[]), "must not be empty"),
         (dict(name="g", ranks=[0, 0]), "duplicates"),
-        (dict(name="g", ranks=[-1]), "non-negative"),
+        (dict(name="g", ranks=[-1]), "integers from 0 to 65535"),
         (dict(name="g", ranks="01"), "ranks"),
         (dict(name="g", ranks=[0, 1, 2], gpus_per_worker=2), "multiple"),
         (dict(name="g", ranks=2, gpus_per_worker=0), "gpus_per_worker"),

@@ -306,3 +306,18 @@ def test_roles_take_turns_under_torchrun_as_in_process():
         "on:policy:0",
     ]
     assert len(swapping.EVENTS) == 2 + 9 * 2 + 1
+
+
+def test_local_mode_outside_torchrun_says_so_once_and_in_the_placement(single_process, caplog):
+    import logging
+
+    from twinkle_core import get_device_placement
+
+    caplog.set_level(logging.WARNING, logger="twinkle")
+    initialize("local", groups=[DeviceGroup("g", 1, "cpu")])
+    try:
+        lines = [m for m in caplog.messages if "outside torchrun" in m]
+        assert len(lines) == 1 and "torchrun --nproc_per_node=N" in lines[0]
+        assert "launched no (a single process)" in get_device_placement(detail=True)
+    finally:
+        shutdown()

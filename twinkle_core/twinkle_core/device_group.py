@@ -7,6 +7,21 @@ from dataclasses import dataclass, field
 
 from .errors import ConfigurationError
 
+#: The most device ranks a group or mesh may have: 65,536 (8,192 nodes of 8 devices), beyond
+#: any cluster twinkle places on. Checked before anything is built, so an absurd size is a
+#: clear error at once instead of a rank list filling memory.
+MAX_RANKS = 1 << 16
+
+
+def check_rank_count(what: str, count: int) -> None:
+    """Refuse `count` ranks above `MAX_RANKS`, naming `what`."""
+    if count > MAX_RANKS:
+        raise ConfigurationError(
+            f"{what} asks for {count} ranks, more than any cluster twinkle places on (at most "
+            f"{MAX_RANKS}: 8,192 nodes of 8 devices); check the size (a count of workers, "
+            "not of items or bytes)"
+        )
+
 
 def canonical_device_type(device_type: str) -> str:
     """Lower-case `device_type` and map the aliases platforms declare (`GPU` -> `cuda` when
@@ -60,15 +75,23 @@ class DeviceGroup:
                 raise ConfigurationError(
                     f"DeviceGroup {self.name!r}: ranks as a count must be >= 1, got {ranks}"
                 )
+            check_rank_count(f"DeviceGroup {self.name!r}: ranks", ranks)
             rank_list = tuple(range(ranks))
         else:
+            if hasattr(ranks, "__len__"):
+                check_rank_count(f"DeviceGroup {self.name!r}: ranks", len(ranks))
             rank_list = tuple(ranks)
             if not rank_list:
                 raise ConfigurationError(f"DeviceGroup {self.name!r}: ranks must not be empty")
-            bad = [r for r in rank_list if isinstance(r, bool) or not isinstance(r, int) or r < 0]
+            bad = [
+                r
+                for r in rank_list
+                if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < MAX_RANKS
+            ]
             if bad:
                 raise ConfigurationError(
-                    f"DeviceGroup {self.name!r}: ranks must be non-negative integers, got {bad}"
+                    f"DeviceGroup {self.name!r}: ranks must be integers from 0 to {MAX_RANKS - 1} "
+                    f"(global device ranks), got {bad[:5]}"
                 )
             if len(set(rank_list)) != len(rank_list):
                 raise ConfigurationError(

@@ -13,12 +13,14 @@ running the code (its group rank, from the worker context, so every mode answers
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from .device_group import check_rank_count
 from .errors import ConfigurationError
 
 # Outermost to innermost, as in Megatron-style layouts: tensor parallel peers are adjacent ranks.
@@ -94,6 +96,7 @@ class DeviceMesh:
             "cp": _check_size("cp_size", cp_size),
             "tp": _check_size("tp_size", tp_size),
         }
+        world_size = extra_sizes.pop("world_size", None)
         for key, value in extra_sizes.items():
             if not key.endswith("_size") or key[: -len("_size")] in sizes:
                 raise ConfigurationError(
@@ -101,7 +104,14 @@ class DeviceMesh:
                     f"<name>_size=N, e.g. dp_size=2, tp_size=4"
                 )
             sizes[key[: -len("_size")]] = _check_size(key, value)
-        world = int(np.prod(list(sizes.values())))
+        world = math.prod(sizes.values())  # python ints: no overflow for absurd sizes
+        check_rank_count(f"DeviceMesh.from_sizes({_sizes_text(sizes)})", world)
+        if world_size is not None and world_size != world:
+            raise ConfigurationError(
+                f"DeviceMesh.from_sizes: world_size={world_size!r} but the sizes "
+                f"({_sizes_text(sizes)}) make {world} ranks; world_size is not a dimension. "
+                f"Drop world_size, or give sizes whose product is it (e.g. dp_size={world_size})"
+            )
         if ranks is None:
             rank_array = np.arange(world)
         else:
@@ -265,3 +275,9 @@ class DeviceMesh:
 
     def __reduce__(self):
         return (DeviceMesh, (self.mesh, self.mesh_dim_names))
+
+
+def _sizes_text(sizes: dict[str, int]) -> str:
+    """`dp_size=2, tp_size=4` for the sizes other than 1 (all of them when every one is 1)."""
+    shown = {k: v for k, v in sizes.items() if v != 1} or sizes
+    return ", ".join(f"{k}_size={v}" for k, v in shown.items())

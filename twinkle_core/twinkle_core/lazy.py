@@ -213,6 +213,73 @@ class LazyCollect:
     def __len__(self) -> int:
         return len(self())
 
+    # A LazyCollect is not its value: arithmetic, comparisons, numbers and indexing say how to
+    # get the value instead of Python's bare "unsupported operand type(s)".
+    def _not_the_value(self, what: str) -> TypeError:
+        return TypeError(
+            f"{what} on a LazyCollect (the result of a remote call, not collected yet): call "
+            "it first to get the value, e.g. r() + 1, float(r()), r()[0]; or pass it as it is "
+            "to another remote call"
+        )
+
+    def __add__(self, other: Any) -> Any:
+        raise self._not_the_value("'+'")
+
+    __radd__ = __add__
+
+    def __sub__(self, other: Any) -> Any:
+        raise self._not_the_value("'-'")
+
+    __rsub__ = __sub__
+
+    def __mul__(self, other: Any) -> Any:
+        raise self._not_the_value("'*'")
+
+    __rmul__ = __mul__
+
+    def __truediv__(self, other: Any) -> Any:
+        raise self._not_the_value("'/'")
+
+    __rtruediv__ = __truediv__
+
+    def __floordiv__(self, other: Any) -> Any:
+        raise self._not_the_value("'//'")
+
+    __rfloordiv__ = __floordiv__
+
+    def __mod__(self, other: Any) -> Any:
+        raise self._not_the_value("'%'")
+
+    def __pow__(self, other: Any) -> Any:
+        raise self._not_the_value("'**'")
+
+    def __matmul__(self, other: Any) -> Any:
+        raise self._not_the_value("'@'")
+
+    def __neg__(self) -> Any:
+        raise self._not_the_value("unary '-'")
+
+    def __lt__(self, other: Any) -> bool:
+        raise self._not_the_value("'<'")
+
+    def __le__(self, other: Any) -> bool:
+        raise self._not_the_value("'<='")
+
+    def __gt__(self, other: Any) -> bool:
+        raise self._not_the_value("'>'")
+
+    def __ge__(self, other: Any) -> bool:
+        raise self._not_the_value("'>='")
+
+    def __float__(self) -> float:
+        raise self._not_the_value("float()")
+
+    def __int__(self) -> int:
+        raise self._not_the_value("int()")
+
+    def __getitem__(self, item: Any) -> Any:
+        raise self._not_the_value(f"indexing [{item!r}]")
+
     def __repr__(self) -> str:
         state = "done" if self.resolved else "pending"
         what = f" {self._describe}" if self._describe else ""

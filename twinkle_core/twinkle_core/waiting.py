@@ -50,8 +50,11 @@ def wait(
 ) -> tuple[list[LazyCollect], list[LazyCollect]]:
     """Wait until `num_returns` of the calls finished, or `timeout` seconds passed.
 
-    Returns `(done, pending)`, each in the order given, like `ray.wait`. A failed call counts
-    as done (calling it raises); nothing is collected here.
+    Returns `(done, pending)` like `ray.wait`: at most `num_returns` finished calls in `done`,
+    in the order they were seen finishing (calls seen in the same round in the order given),
+    and every other call in `pending`, in the order given, finished ones included, so the
+    loop `ready, pending = wait(pending, num_returns=1)` loses none. A failed call counts as
+    done (calling it raises); nothing is collected here.
     """
     items = _as_list(lazies, "wait")
     _check_timeout(timeout, "wait")
@@ -66,16 +69,22 @@ def wait(
         )
     deadline = None if timeout is None else time.monotonic() + timeout
     sleep = _FIRST_SLEEP
+    finished: list[LazyCollect] = []  # in the order seen finishing
+    seen: set[int] = set()
     while True:
         ask_many(items)
-        done_ids = {id(x) for x in items if x.done()}
-        if len(done_ids) >= num_returns or (deadline is not None and time.monotonic() >= deadline):
+        for x in items:
+            if id(x) not in seen and x.done():
+                seen.add(id(x))
+                finished.append(x)
+        if len(finished) >= num_returns or (deadline is not None and time.monotonic() >= deadline):
             break
         pause = sleep if deadline is None else min(sleep, max(0.0, deadline - time.monotonic()))
         time.sleep(pause)
         sleep = min(sleep * 2, _MAX_SLEEP)
-    done = [x for x in items if id(x) in done_ids]
-    return done, [x for x in items if id(x) not in done_ids]
+    done = finished[:num_returns]
+    taken = {id(x) for x in done}
+    return done, [x for x in items if id(x) not in taken]
 
 
 def as_completed(

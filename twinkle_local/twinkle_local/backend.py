@@ -15,6 +15,9 @@ worker groups (`workers.py`, `construction.py`) and the alert election (`alert_e
 
 from __future__ import annotations
 
+import logging
+import os
+import sys
 import threading
 from typing import Any
 
@@ -46,6 +49,8 @@ from .signals import AlertFlushOnTerm
 from .watchdog import Watchdog
 from .workers import LocalWorkerGroup
 
+log = logging.getLogger("twinkle")
+
 
 class LocalBackend(ExecutionBackend):
     """Mode `local` (alias `torchrun`): one process per device, all running the driver script."""
@@ -72,6 +77,13 @@ class LocalBackend(ExecutionBackend):
         session.notify_wait = options["notify_wait"]
         session.timeout_s = options["timeout"].total_seconds()
         session.env = env = TorchrunEnv.detect()
+        if not env.launched:
+            log.warning(
+                "twinkle: mode 'local' outside torchrun runs this one process (world size 1); "
+                "to run one process per device, launch the script with `torchrun "
+                "--nproc_per_node=N %s`",
+                os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "script.py",
+            )
         self.platform = platform = detect_platform()
         plan(config, env, platform)
         try:
@@ -237,6 +249,7 @@ class LocalBackend(ExecutionBackend):
     def describe(self) -> dict[str, Any]:
         session = self.session
         out: dict[str, Any] = {
+            "launched": "torchrun" if session.env.launched else "no (a single process)",
             "world": session.env.world_size,
             "rank": session.env.rank,
             "node": session.node,

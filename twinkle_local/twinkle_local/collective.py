@@ -15,6 +15,7 @@ import datetime
 import logging
 from typing import Any
 
+from twinkle_core import ConfigurationError
 from twinkle_core.plugin import CollectiveGroup, MemberHub, ProcessLink
 
 log = logging.getLogger("twinkle")
@@ -34,6 +35,38 @@ def reduce_op(op: str) -> Any:
     }[op]
 
 
+def torch_views(items: list[Any], argument: str) -> list[Any]:
+    """`items` as torch tensors for torch.distributed: tensors as they are, numpy arrays as
+    tensors sharing their memory (a collective into them writes the arrays), so a collective
+    group means the same with numpy in every mode. A read-only array (one received as an
+    argument from the object store) cannot be written: a clear error says how to fix it."""
+    import numpy as np
+
+    out = []
+    for t in items:
+        if isinstance(t, np.ndarray):
+            if not t.flags.writeable:
+                raise ConfigurationError(
+                    f"{argument}: a read-only numpy array (received from another worker) cannot "
+                    "take a collective's result; pass a copy (arr.copy()) or declare the method "
+                    "@remote_function(writable_args=True)"
+                )
+            import torch
+
+            t = torch.from_numpy(t)
+        out.append(t)
+    return out
+
+
+def as_inputs(gathered: list[Any], like: Any) -> list[Any]:
+    """An all_gather's tensors as the caller's kind: numpy arrays for a numpy input."""
+    import numpy as np
+
+    if isinstance(like, np.ndarray):
+        return [t.numpy() for t in gathered]
+    return gathered
+
+
 class SubgroupLink(ProcessLink):
     """The processes holding members, as a torch.distributed subgroup (positions = group ranks)."""
 
@@ -49,13 +82,13 @@ class SubgroupLink(ProcessLink):
     def broadcast(self, tensors: list[Any], src: int) -> None:
         import torch.distributed as dist
 
-        for t in tensors:
+        for t in torch_views(tensors, "collective broadcast"):
             dist.broadcast(t, group_src=src, group=self.pg)
 
     def all_reduce(self, tensors: list[Any], op: str) -> None:
         import torch.distributed as dist
 
-        for t in tensors:
+        for t in torch_views(tensors, "collective all_reduce"):
             dist.all_reduce(t, op=reduce_op(op), group=self.pg)
             if op == "mean":
                 t.div_(self.size)
@@ -64,9 +97,10 @@ class SubgroupLink(ProcessLink):
         import torch
         import torch.distributed as dist
 
-        out = [torch.empty_like(tensor) for _ in range(self.size)]
-        dist.all_gather(out, tensor, group=self.pg)
-        return out
+        (view,) = torch_views([tensor], "collective all_gather")
+        out = [torch.empty_like(view) for _ in range(self.size)]
+        dist.all_gather(out, view, group=self.pg)
+        return as_inputs(out, tensor)
 
     def barrier(self) -> None:
         import torch

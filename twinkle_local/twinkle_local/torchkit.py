@@ -16,7 +16,7 @@ registers the torch platforms, so the torch knowledge of every backend lives wit
 
 from __future__ import annotations
 
-from .collective import reduce_op
+from .collective import as_inputs, reduce_op, torch_views
 from .skeleton import NotTensors, Slot, fill, split, why_not_carried
 from .transports import (
     GlooTransport,
@@ -35,6 +35,7 @@ __all__ = [
     "NcclTransport",
     "NotTensors",
     "Slot",
+    "as_inputs",
     "carries",
     "cuda_probe",
     "fill",
@@ -43,5 +44,6 @@ __all__ = [
     "receive_device",
     "reduce_op",
     "split",
+    "torch_views",
     "why_not_carried",
 ]

@@ -28,7 +28,7 @@ from twinkle_core.plugin import (
     check_op,
     check_src,
 )
-from twinkle_local.torchkit import reduce_op
+from twinkle_local.torchkit import as_inputs, reduce_op, torch_views
 
 log = logging.getLogger("twinkle")
 
@@ -76,7 +76,7 @@ class TorchCollective(Collective):
 
         items = as_tensor_list(tensors, f"collective {self.name!r}.broadcast(tensors)")
         check_src(src, self.world_size, f"collective {self.name!r}.broadcast")
-        for t in items:
+        for t in torch_views(items, f"collective {self.name!r}.broadcast"):
             dist.broadcast(t, group_src=src, group=self._pg)
         return items
 
@@ -85,7 +85,7 @@ class TorchCollective(Collective):
 
         items = as_tensor_list(tensors, f"collective {self.name!r}.all_reduce(tensors)")
         check_op(op, f"collective {self.name!r}.all_reduce")
-        for t in items:
+        for t in torch_views(items, f"collective {self.name!r}.all_reduce"):
             dist.all_reduce(t, op=reduce_op(op), group=self._pg)
             if op == "mean":
                 t.div_(self.world_size)
@@ -96,9 +96,10 @@ class TorchCollective(Collective):
         import torch.distributed as dist
 
         (item,) = as_tensor_list(tensor, f"collective {self.name!r}.all_gather(tensor)")
-        out = [torch.empty_like(item) for _ in range(self.world_size)]
-        dist.all_gather(out, item, group=self._pg)
-        return out
+        (view,) = torch_views([item], f"collective {self.name!r}.all_gather")
+        out = [torch.empty_like(view) for _ in range(self.world_size)]
+        dist.all_gather(out, view, group=self._pg)
+        return as_inputs(out, item)
 
     def barrier(self) -> None:
         import torch
