@@ -30,6 +30,10 @@ class Ops:
         while not os.path.exists(path) and time.monotonic() < end:
             time.sleep(0.002)
 
+    def take(self, value: Any) -> int:
+        """A method with an argument, as real calls have (a config dict, token ids, ...)."""
+        return 1
+
     def mean(self, values: Any) -> float:
         return float(np.mean(values))
 
@@ -51,6 +55,7 @@ class Bench(Ops):
     noop = remote_function(collect="none")(Ops.noop)
     sleep = remote_function(dispatch="all")(Ops.sleep)
     block = remote_function(dispatch="all")(Ops.block)
+    take = remote_function(dispatch="all", collect="none")(Ops.take)
     mean = remote_function(dispatch="slice_dp", collect="mean")(Ops.mean)
     touch = remote_function(dispatch="slice_dp", collect="sum")(Ops.touch)
 

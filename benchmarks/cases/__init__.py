@@ -27,4 +27,5 @@ MODULES = (
     "colocation",
     "colocated_handoff",
     "restart_time",
+    "ray_args",
 )

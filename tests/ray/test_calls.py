@@ -237,9 +237,20 @@ def test_chaining_into_a_group_of_another_size_and_other_collectors(run):
     )
 
 
+def test_a_small_argument_shared_by_every_worker_travels_inline_as_raw_ray_sends_it():
+    per_worker = [(({"lr": 0.1, "ids": list(range(10))}, np.zeros(8), b"x" * 1024), {})] * 4
+    shipper = Shipper(per_worker)
+    shipped = [shipper.ship_call(a, k) for a, k in per_worker]
+    assert shipper.puts == 0 and shipped[0][0][0] is per_worker[0][0][0]
+    big = [((np.zeros(200_000),), {})] * 4  # 1.6 MB: one put, shared
+    shipper = Shipper(big)
+    refs = [shipper.ship_call(a, k)[0][0] for a, k in big]
+    assert shipper.puts == 1 and len({r.hex() for r in refs}) == 1
+
+
 def test_a_shard_shared_by_peers_is_put_once_and_both_receive_it():
     mesh = DeviceMesh.from_sizes(dp_size=2, tp_size=2)
-    batch = {"x": np.arange(8)}
+    batch = {"x": np.arange(2 * 20_000)}  # 160 KB per shard: above the inline size
     per_worker = SliceDPDispatcher().dispatch((batch,), {}, 4, mesh)
     shipper = Shipper(per_worker)
     shipped = [shipper.ship_call(a, k) for a, k in per_worker]

@@ -17,33 +17,91 @@ import ray
 
 from twinkle_core.plugin import WorkerCall
 
-_SMALL = (type(None), bool, int, float, complex)
+_SCALARS = (type(None), bool, int, float, complex)
+
+#: Arguments estimated below this many bytes travel inline with each task, as raw Ray passes
+#: them (Ray inlines task arguments up to 100 KiB, `max_direct_call_object_size`); larger
+#: ones shared by several workers go to the object store once. Measured (benchmark case 20):
+#: a put plus a fetch per worker costs more than serializing a 64 KiB value once per worker.
+INLINE_BYTES = 100 * 1024
+
+#: Items of (nested) dicts, lists and tuples looked at to estimate a size; a larger container
+#: counts as large without being walked.
+_SCAN_ITEMS = 512
 
 
 def _is_small(value: Any) -> bool:
-    if isinstance(value, _SMALL):
+    """Whether `value` is cheap enough to send inline to every worker (see `INLINE_BYTES`)."""
+    if isinstance(value, _SCALARS):
         return True
-    return isinstance(value, (str, bytes)) and len(value) < 1024
+    return _estimate(value, [_SCAN_ITEMS]) < INLINE_BYTES
+
+
+def _estimate(value: Any, budget: list[int]) -> int:
+    """Roughly the bytes `value` pickles to; `INLINE_BYTES` for anything not understood (or
+    past the item budget), so that it is put in the object store as before."""
+    budget[0] -= 1
+    if budget[0] < 0:
+        return INLINE_BYTES
+    kind = type(value)
+    if kind in _SCALARS:
+        return 16
+    if kind is str or kind is bytes or kind is bytearray:
+        return len(value) + 32
+    if kind is dict:
+        total = 64
+        for k, v in value.items():
+            total += _estimate(k, budget) + _estimate(v, budget)
+            if total >= INLINE_BYTES:
+                return total
+        return total
+    if kind is list or kind is tuple:
+        total = 64
+        for v in value:
+            total += _estimate(v, budget)
+            if total >= INLINE_BYTES:
+                return total
+        return total
+    nbytes = getattr(value, "nbytes", None)  # numpy arrays
+    if isinstance(nbytes, int) and type(value).__module__ == "numpy":
+        return nbytes + 160
+    if type(value).__module__.split(".", 1)[0] == "torch" and hasattr(value, "element_size"):
+        try:
+            return int(value.numel()) * int(value.element_size()) + 320
+        except Exception:
+            return INLINE_BYTES
+    return INLINE_BYTES
 
 
 class Shipper:
-    """Puts each object shared by several workers' arguments into the object store once.
+    """Puts each large object shared by several workers' arguments into the object store once.
 
     `slice_dp` hands tp/pp peers the very same shard object and `dispatch='all'` every worker
-    the same arguments: one `ray.put` per distinct object (by identity) and the same ref to
-    each receiver, instead of one inline copy per worker. Ray resolves top-level refs before
-    the method runs, so the worker sees the value.
+    the same arguments: one `ray.put` per distinct large object (by identity) and the same ref
+    to each receiver, instead of one inline copy per worker. Ray resolves top-level refs before
+    the method runs, so the worker sees the value. Small objects (`INLINE_BYTES`) travel
+    inline, as raw Ray sends them: a put and a fetch per worker would cost more.
     """
 
     def __init__(self, per_call: list[tuple[tuple, dict]]) -> None:
-        self.counts = collections.Counter(
+        counts = collections.Counter(
             id(v) for args, kwargs in per_call for v in (*args, *kwargs.values())
         )
+        #: ids of the objects to put: shared by several calls and large (estimated once each).
+        self.large: set[int] = set()
+        for args, kwargs in per_call:
+            for v in (*args, *kwargs.values()):
+                key = id(v)
+                if counts[key] < 2 or isinstance(v, ray.ObjectRef):
+                    continue
+                counts[key] = 0  # estimated: not again
+                if not _is_small(v):
+                    self.large.add(key)
         self.refs: dict[int, ray.ObjectRef] = {}
         self.puts = 0
 
     def ship(self, value: Any) -> Any:
-        if self.counts[id(value)] < 2 or _is_small(value) or isinstance(value, ray.ObjectRef):
+        if id(value) not in self.large:
             return value
         ref = self.refs.get(id(value))
         if ref is None:
@@ -56,20 +114,12 @@ class Shipper:
 
 
 def ship_all(calls: list[WorkerCall]) -> list[tuple[tuple, dict]]:
-    """Each call's arguments, objects shared between calls put in the object store once."""
-    shared = False
-    if len(calls) > 1:
-        seen: set[int] = set()
-        for call in calls:
-            for v in (*call.args, *call.kwargs.values()):
-                if not _is_small(v):
-                    if id(v) in seen:
-                        shared = True
-                        break
-                    seen.add(id(v))
-            if shared:
-                break
-    if not shared:
-        return [(c.args, c.kwargs) for c in calls]
-    shipper = Shipper([(c.args, c.kwargs) for c in calls])
-    return [shipper.ship_call(c.args, c.kwargs) for c in calls]
+    """Each call's arguments, large objects shared between calls put in the object store
+    once; everything else exactly as given."""
+    per_call = [(c.args, c.kwargs) for c in calls]
+    if len(calls) < 2:
+        return per_call
+    shipper = Shipper(per_call)
+    if not shipper.large:
+        return per_call
+    return [shipper.ship_call(a, k) for a, k in per_call]
