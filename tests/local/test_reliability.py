@@ -105,6 +105,15 @@ def test_diverging_calls_name_both_call_sites_on_every_rank(ranks, rank):
 
 
 @pytest.mark.parametrize("rank", [0, 1])
+def test_threads_calling_one_line_with_different_arguments_never_get_anothers_results(ranks, rank):
+    """The processes interleave the threads' calls differently: each call's arguments are
+    part of its key, so a mispairing is a divergence error, never a silent wrong result."""
+    counts = ranks.section(rank, "threads_distinct")
+    assert counts["wrong"] == 0, counts
+    assert counts["ok"] + counts["diverged"] == 40, counts
+
+
+@pytest.mark.parametrize("rank", [0, 1])
 def test_driver_threads_calling_one_group_get_the_single_threaded_streams(ranks, rank):
     """Core's in-process test under torchrun: 8 threads x 25 calls give, as a set, what one
     thread making 200 calls gets; the driver's generators are untouched."""

@@ -105,10 +105,17 @@ def call_key(kind: int, label: str, site: str, ncalls: int) -> int:
 class CallInfo:
     """What identifies one exchange, for the checks between processes and for messages."""
 
-    __slots__ = ("key", "kind", "label", "ncalls", "seq", "site", "thread")
+    __slots__ = ("arguments", "key", "kind", "label", "ncalls", "seq", "site", "thread")
 
     def __init__(
-        self, seq: int, kind: int, label: str, site: str, ncalls: int, thread: str
+        self,
+        seq: int,
+        kind: int,
+        label: str,
+        site: str,
+        ncalls: int,
+        thread: str,
+        arguments: int = 0,
     ) -> None:
         self.seq = seq
         self.kind = kind
@@ -116,14 +123,18 @@ class CallInfo:
         self.site = site
         self.ncalls = ncalls
         self.thread = thread
-        self.key = call_key(kind, label, site, ncalls)
+        #: The fingerprint of the call's arguments (`fingerprint.arguments_print`; 0: none).
+        self.arguments = arguments
+        key = call_key(kind, label, site, ncalls)
+        self.key = ((key ^ arguments) & (2**63 - 1)) or 1 if arguments else key
 
     def describe(self) -> str:
         if self.kind == KIND_CONSTRUCT:
             what = f"constructing {self.label}"
         else:
             what = f"{self.label} on {self.ncalls} worker(s), {KIND_NAMES.get(self.kind, '?')}"
-        return f"call #{self.seq} {what} from {self.site} (thread {self.thread!r})"
+        given = f", arguments {self.arguments:016x}" if self.arguments else ""
+        return f"call #{self.seq} {what} from {self.site}{given} (thread {self.thread!r})"
 
 
 #: This process's outcome of a call: (index of its call, ok, value or WorkerFailure), or None.
@@ -590,8 +601,10 @@ class Exchange:
         error = TwinkleError(
             f"mode 'local': the torchrun processes diverged at exchange #{self.info.seq} "
             f"({where}); every process must make the same remote calls in the same order "
-            "(do not call remote methods inside `if rank == ...` blocks of the driver script, "
-            "and make calls from several threads identical or in a fixed order)"
+            "(do not call remote methods inside `if rank == ...` blocks of the driver script; "
+            "calls from several driver threads are paired by their order in each process, so "
+            "threads calling one line with different arguments must take turns in a fixed "
+            "order, or make those calls from one thread)"
         )
         return LocalPendingCall(None, [], label=self.info.label, error=error)
 

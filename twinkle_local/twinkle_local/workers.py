@@ -45,6 +45,7 @@ from twinkle_core.plugin import (
 
 from .calls import LocalPendingCall
 from .exchange import KIND_GATHER, KIND_REDUCE, CallInfo, Exchange, ExchangedCall
+from .fingerprint import arguments_print
 from .shared_arguments import SharedArguments
 from .transports import decide
 
@@ -324,7 +325,10 @@ class LocalWorkerGroup(WorkerGroup):
                 return exchanges.lost_outcome(
                     CallInfo(0, kind, label, site, len(calls), thread), ranks, exchanges.broken
                 )
-            info = CallInfo(exchanges.next_sequence(), kind, label, site, len(calls), thread)
+            arguments = arguments_print([(c.args, c.kwargs) for c in calls])
+            info = CallInfo(
+                exchanges.next_sequence(), kind, label, site, len(calls), thread, arguments
+            )
             me = session.env.rank
             mine, restore = None, None
             try:

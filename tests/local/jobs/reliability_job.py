@@ -6,6 +6,7 @@ Every rank writes `OUT_DIR/rank<r>.json` with one entry per section:
   process group's methods and the libraries' functions;
 - `timeouts`: a method whose `timeout=` rank 1 outlives, and a LazyCollect timeout;
 - `divergence`: the same method from two call sites, and an extra call on one rank;
+- `threads_distinct`: 4 driver threads calling one line with different arguments;
 - `threads`: 8 driver threads calling one group, against one thread making the same calls;
 - `shutdown`: calls after `shutdown()`, and a call collected after it.
 Lines marked SITE-... are located by the test.
@@ -257,6 +258,37 @@ def threads() -> dict:
     }
 
 
+def threads_distinct(w: Worker) -> dict:
+    """4 driver threads x 10 calls of one line with different arguments, each thread waiting a
+    rank-dependent random while between calls, so the processes interleave them differently:
+    every call gets its own arguments' results or a divergence error, never another's."""
+    import threading
+
+    from twinkle_core import TwinkleError
+
+    counts = {"ok": 0, "diverged": 0, "wrong": 0}
+    lock = threading.Lock()
+
+    def work(t: int) -> None:
+        jitter = random.Random(RANK * 100 + t)
+        for i in range(10):
+            time.sleep(jitter.random() * 0.003)
+            try:
+                got = w.echo([t, i])()
+                key = "ok" if got == [[0, [t, i]], [1, [t, i]]] else "wrong"
+            except TwinkleError as exc:
+                key = "diverged" if "diverged" in str(exc) else "wrong"
+            with lock:
+                counts[key] += 1
+
+    pool = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+    for thread in pool:
+        thread.start()
+    for thread in pool:
+        thread.join(120)
+    return counts
+
+
 def section(name: str, fn, *args) -> None:
     """Run one section; its result (or its error) is written at once."""
     try:
@@ -284,6 +316,7 @@ def main() -> None:
     section("collectives", collectives, w)
     section("timeouts", timeouts, w)
     section("divergence", divergence, w)
+    section("threads_distinct", threads_distinct, w)
     section("shutdown", after_shutdown, w)
     shutdown()
     section("threads", threads)
