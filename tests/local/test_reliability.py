@@ -105,6 +105,15 @@ def test_diverging_calls_name_both_call_sites_on_every_rank(ranks, rank):
 
 
 @pytest.mark.parametrize("rank", [0, 1])
+def test_a_keyboard_interrupt_on_one_rank_fails_that_call_everywhere_and_keeps_step(ranks, rank):
+    result = ranks.section(rank, "interrupted")
+    kind, message = result["call"]
+    assert kind == "WorkerExitError", message
+    assert "interrupt_on_rank1 raised KeyboardInterrupt('stop here') on worker rank 1" in message
+    assert result["next"] == [[[0, 5], [1, 5]], [0, 1]]  # the processes are still in step
+
+
+@pytest.mark.parametrize("rank", [0, 1])
 def test_threads_calling_one_line_with_different_arguments_never_get_anothers_results(ranks, rank):
     """The processes interleave the threads' calls differently: each call's arguments are
     part of its key, so a mispairing is a divergence error, never a silent wrong result."""

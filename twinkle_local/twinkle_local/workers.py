@@ -34,6 +34,7 @@ from twinkle_core.plugin import (
     WorkerState,
     builtin_hand_off,
     call_mesh,
+    exit_error,
     hand_off_value,
     method_options,
     note_fallback,
@@ -41,6 +42,7 @@ from twinkle_core.plugin import (
     run_method,
     user_call_site,
     worker_context,
+    worker_failure,
 )
 
 from .calls import LocalPendingCall
@@ -248,7 +250,14 @@ class LocalWorkerGroup(WorkerGroup):
         node = host.session.node
 
         def body() -> tuple[bool, Any]:
-            return run_method(self.instance, method, args, kwargs, rank=call.rank, node=node)
+            try:
+                return run_method(self.instance, method, args, kwargs, rank=call.rank, node=node)
+            except KeyboardInterrupt as exc:
+                # Raised by the method on this rank only, it would skip this process's part
+                # of the exchange and leave the processes one call apart for good: it is this
+                # worker's failure instead (as on Ray), and every process raises it in step.
+                # (A Ctrl-C reaches every process: each fails the call the same way.)
+                return False, worker_failure(call.rank, exit_error(exc, method, call.rank), node)
 
         result, took, stack = host.watchdog.run(info, timeout, body)
         if timeout is not None and (result is None or took > timeout):

@@ -137,6 +137,12 @@ class Worker:
         return [get_worker_context().rank, x]
 
     @remote_function(dispatch="all", collect="none")
+    def interrupt_on_rank1(self):
+        if get_worker_context().rank == 1:
+            raise KeyboardInterrupt("stop here")
+        return "ran"
+
+    @remote_function(dispatch="all", collect="none")
     def other(self):
         return "other"
 
@@ -258,6 +264,20 @@ def threads() -> dict:
     }
 
 
+def interrupted(w: Worker) -> dict:
+    """A method raising KeyboardInterrupt on rank 1 only: every process raises the same
+    WorkerExitError for that call, and the next calls work on both (still in step)."""
+    from twinkle_core import WorkerExitError
+
+    out: dict = {}
+    try:
+        out["call"] = ["value", w.interrupt_on_rank1()()]
+    except WorkerExitError as exc:
+        out["call"] = _error(exc)
+    out["next"] = [w.echo(5)(), w.ok()()]
+    return out
+
+
 def threads_distinct(w: Worker) -> dict:
     """4 driver threads x 10 calls of one line with different arguments, each thread waiting a
     rank-dependent random while between calls, so the processes interleave them differently:
@@ -316,6 +336,7 @@ def main() -> None:
     section("collectives", collectives, w)
     section("timeouts", timeouts, w)
     section("divergence", divergence, w)
+    section("interrupted", interrupted, w)
     section("threads_distinct", threads_distinct, w)
     section("shutdown", after_shutdown, w)
     shutdown()
