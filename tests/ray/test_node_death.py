@@ -133,6 +133,11 @@ def test_lost_node_raises_worker_died_tears_down_the_group_and_leaves_nothing(cl
         text = "\n".join([str(info.value), *getattr(info.value, "__notes__", [])])
         print(f"restart after the loss failed in {took:.2f}s: {text}")
         assert took < 60.0
+        # The restart (begun by the liveness probe or by this call's failure) fails within
+        # placement_timeout: the group is then dead.
+        deadline = time.monotonic() + 60
+        while group_state("phoenix").state != "dead" and time.monotonic() < deadline:
+            time.sleep(0.2)
         state = group_state("phoenix")
         assert (state.state, state.restarts, state.generation) == ("dead", 1, 0), state
         assert "restart as generation 1 failed" in state.last_cause

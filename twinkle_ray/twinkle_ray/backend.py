@@ -136,6 +136,7 @@ class RayBackend(ExecutionBackend):
     # ------------------------------------------------------------------ lifecycle
     def initialize(self, config) -> None:
         super().initialize(config)
+        self.restarter = Restarter(self)
         self.options = opts = RayOptions.parse(config.backend_options)
         for group in config.groups.values():
             if not group.is_cpu:
@@ -190,7 +191,7 @@ class RayBackend(ExecutionBackend):
 
     def shutdown(self) -> None:
         """Kill every actor and remove every placement group of this run; safe twice."""
-        self.restarter.watcher.stop()
+        self.restarter.close()  # no restart may start actors while the run is taken down
         groups, self.worker_groups = self.worker_groups, []
         self.hosts = {}
         collectives, self.collectives = self.collectives, {}

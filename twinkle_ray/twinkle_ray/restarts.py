@@ -41,6 +41,18 @@ class Restarter:
     def __init__(self, backend: Any) -> None:
         self.backend = backend
         self.watcher = Watcher(self)
+        #: Set by `close()` (the run shuts down): no restart begins or finishes after it.
+        self.closed = False
+        self._threads: list[threading.Thread] = []
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop watching and restarting (before the run's actors and placement groups go):
+        waits up to `timeout` s for restarts under way, which then give up."""
+        self.closed = True
+        self.watcher.stop()
+        threads, self._threads = self._threads, []
+        for thread in threads:
+            thread.join(timeout)
 
     def health(self, hosts: Hosts) -> Any:
         return self.backend.config.health.of(hosts.group)
@@ -49,8 +61,8 @@ class Restarter:
         """A worker of `hosts` died: tear down, or restart in the background. Safe to call
         from any thread, and again for the same death (only the first counts)."""
         with hosts.lock:
-            if not hosts.alive:
-                return  # torn down already (a restart under way, or for good)
+            if not hosts.alive or self.closed:
+                return  # torn down already (a restart under way, or for good), or shut down
             health = self.health(hosts)
             decision = health.died(cause)
             if decision == RESTART:
@@ -61,6 +73,7 @@ class Restarter:
                     name=f"twinkle-restart-{hosts.group.name}",
                     daemon=True,
                 )
+                self._threads = [t for t in self._threads if t.is_alive()] + [thread]
                 thread.start()
                 return
             assert decision == TEAR_DOWN
@@ -70,11 +83,19 @@ class Restarter:
         health = self.health(hosts)
         decision = RESTART
         while decision == RESTART:
+            if self.closed:
+                return  # the run shut down: nothing to serve any more
             generation = health.generation + 1
             try:
                 self.backend.rebuild(hosts, generation)
+                if self.closed:
+                    raise RuntimeError("the run shut down during the restart")
             except BaseException as exc:
-                why = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}"
+                if self.closed:
+                    hosts.teardown("the run shut down")
+                    return
+                text = str(exc).strip().splitlines()
+                why = f"{type(exc).__name__}: {text[0][:300] if text else ''}"
                 log.warning(
                     "twinkle: restarting group %r as generation %d failed: %s",
                     hosts.group.name,
