@@ -9,6 +9,7 @@ import json
 import logging
 
 import numpy as np
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -114,3 +115,23 @@ def test_payload_bytes_sums_every_sized_value_in_nested_arguments(workers):
     parts = [_naive([list(c.args), c.kwargs]) for c in calls]
     total, found = sum(p[0] for p in parts), any(p[1] for p in parts)
     assert payload_bytes(calls) == (total if found else None)
+
+
+@pytest.mark.parametrize(
+    "where, words",
+    [
+        ("missing/dir/run.json", "does not exist; create it first"),
+        (".", "is a directory"),
+    ],
+)
+def test_a_trace_path_that_cannot_be_written_fails_at_initialize(
+    tmp_path, monkeypatch, where, words
+):
+    """Issue 30, item 7: checked when the run starts, not at shutdown (where the whole trace
+    was lost with one stderr line, and missing parents were made silently)."""
+    from twinkle_core import ConfigurationError, initialize
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigurationError, match=words):
+        initialize("inprocess", trace=where)
+    assert not (tmp_path / "missing").exists()  # nothing made on the user's behalf

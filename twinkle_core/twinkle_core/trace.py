@@ -243,8 +243,6 @@ class Recorder:
                 self.dropped,
                 MAX_EVENTS_ENV,
             )
-        directory = os.path.dirname(os.path.abspath(target))
-        os.makedirs(directory, exist_ok=True)
         tmp = f"{target}.tmp{os.getpid()}"
         with open(tmp, "w") as f:
             json.dump(data, f, separators=(",", ":"))
@@ -356,6 +354,31 @@ def check_path(value: Any) -> str | None:
         raise ConfigurationError(
             f"initialize(trace=...) must be a file path for the Chrome trace (e.g. 'run.json'), "
             f"got {value!r}"
+        )
+    # Checked now, not at shutdown when the whole trace would be lost: the file's directory
+    # must exist (it is not created: only the file the user named is) and be writable, and
+    # the path must not be a directory or a file this process cannot write.
+    target = os.path.abspath(value)
+    directory = os.path.dirname(target)
+    if not os.path.isdir(directory):
+        raise ConfigurationError(
+            f"initialize(trace={value!r}): the directory {directory} does not exist; create it "
+            "first (twinkle writes only the trace file itself), or give another path"
+        )
+    if os.path.isdir(target):
+        raise ConfigurationError(
+            f"initialize(trace={value!r}) is a directory; give a file path such as "
+            f"{os.path.join(value, 'trace.json')!r}"
+        )
+    writable = (
+        os.access(target, os.W_OK)
+        if os.path.exists(target)
+        else os.access(directory, os.W_OK | os.X_OK)
+    )
+    if not writable:
+        raise ConfigurationError(
+            f"initialize(trace={value!r}): this process cannot write {target} (permissions); "
+            "give a path in a directory you can write"
         )
     return value
 
