@@ -465,3 +465,27 @@ def test_a_timeout_error_raised_by_user_code_gets_the_call_site_in_its_message(r
         Slow(remote_group="g").wait()()
     assert str(info.value).startswith("[twinkle driver caller: ")
     assert str(info.value).endswith("the server did not answer")
+
+
+def test_an_argument_that_cannot_be_copied_is_a_configuration_error_naming_it():
+    """Issue 30, item 8: the same error type and shape as Ray's (`Class.method: argument N
+    (type) cannot be ...`), not copy's bare TypeError."""
+    import threading
+
+    from twinkle_core import ConfigurationError, DeviceGroup, initialize, shutdown
+
+    initialize("inprocess", groups=[DeviceGroup("g", 2)])
+    try:
+        echo = _CopyProbe(remote_group="g")
+        with pytest.raises(ConfigurationError, match=r"_CopyProbe\.take: argument 1 \(lock\)"):
+            echo.take(1, threading.Lock())
+        assert echo.take(1, 2)() == [2, 2]  # the group is still usable
+    finally:
+        shutdown()
+
+
+@remote_class()
+class _CopyProbe:
+    @remote_function(dispatch="all", collect="none")
+    def take(self, a, b):
+        return b
