@@ -23,6 +23,7 @@ from .distributed import init_distributed
 from .errors import (
     CallTimeoutError,
     CollectError,
+    CollectiveBrokenError,
     ConfigurationError,
     DuplicatePluginError,
     NotInitializedError,
@@ -47,6 +48,7 @@ __all__ = [
     "CallTimeoutError",
     "CollectError",
     "Collective",
+    "CollectiveBrokenError",
     "CollectiveGroup",
     "Collector",
     "ConfigurationError",

@@ -31,6 +31,13 @@ class WorkerDiedError(TwinkleError, RuntimeError):
     """A worker process died (killed, out of memory, crashed) while the driver waited on it."""
 
 
+class CollectiveBrokenError(TwinkleError, RuntimeError):
+    """A collective group lost a member (it died, or left): the surviving members' collective
+    failed, and every later one on that group fails at once. The message names the group and
+    its members; form a new collective group once the dead member's object is created again.
+    """
+
+
 class CallTimeoutError(TwinkleError, TimeoutError):
     """A remote call did not finish within its deadline."""
 

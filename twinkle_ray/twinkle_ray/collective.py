@@ -20,7 +20,12 @@ from typing import Any
 
 import ray
 
-from twinkle_core import CallTimeoutError, ConfigurationError, get_worker_context
+from twinkle_core import (
+    CallTimeoutError,
+    CollectiveBrokenError,
+    ConfigurationError,
+    get_worker_context,
+)
 from twinkle_core.plugin import (
     Collective,
     CollectiveGroup,
@@ -66,18 +71,48 @@ class TorchCollective(Collective):
         super().__init__(spec, rank)
         self._pg = pg
         self._store = store  # kept alive: rank 0 serves the rendezvous store
+        #: Why the group cannot be used any more (a member stopped answering), or None.
+        self._broken: str | None = None
 
     @property
     def process_group(self) -> Any:
         return self._pg
+
+    def _run(self, op: str, fn: Any) -> Any:
+        """Run collective `op`; a member that died or left turns torch's raw transport error
+        into a `CollectiveBrokenError` naming the group and its members, and marks the group broken
+        (every later collective fails at once saying so, instead of the same raw error)."""
+        if self._broken is not None:
+            raise CollectiveBrokenError(self._broken)
+        try:
+            return fn()
+        except RuntimeError as exc:
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+            members = "; ".join(
+                f"{cls} on {group!r}: ranks {start}-{start + size - 1}"
+                for cls, group, start, size in self.spec.objects
+            )
+            self._broken = (
+                f"collective group {self.name!r}: {op} on member rank {self.rank} failed because "
+                f"a member stopped answering (died, or left the group): {first}. Members: "
+                f"{members}. The collective group is broken for the rest of the run: create the "
+                "dead member's object again, then a new collective group (another name) over the "
+                "objects"
+            )
+            raise CollectiveBrokenError(self._broken) from None
 
     def broadcast(self, tensors: Any, src: int = 0) -> list[Any]:
         import torch.distributed as dist
 
         items = as_tensor_list(tensors, f"collective {self.name!r}.broadcast(tensors)")
         check_src(src, self.world_size, f"collective {self.name!r}.broadcast")
-        for t in torch_views(items, f"collective {self.name!r}.broadcast"):
-            dist.broadcast(t, group_src=src, group=self._pg)
+        views = torch_views(items, f"collective {self.name!r}.broadcast")
+
+        def run() -> None:
+            for t in views:
+                dist.broadcast(t, group_src=src, group=self._pg)
+
+        self._run("broadcast", run)
         return items
 
     def all_reduce(self, tensors: Any, op: str = "sum") -> list[Any]:
@@ -85,10 +120,15 @@ class TorchCollective(Collective):
 
         items = as_tensor_list(tensors, f"collective {self.name!r}.all_reduce(tensors)")
         check_op(op, f"collective {self.name!r}.all_reduce")
-        for t in torch_views(items, f"collective {self.name!r}.all_reduce"):
-            dist.all_reduce(t, op=reduce_op(op), group=self._pg)
-            if op == "mean":
-                t.div_(self.world_size)
+        views = torch_views(items, f"collective {self.name!r}.all_reduce")
+
+        def run() -> None:
+            for t in views:
+                dist.all_reduce(t, op=reduce_op(op), group=self._pg)
+                if op == "mean":
+                    t.div_(self.world_size)
+
+        self._run("all_reduce", run)
         return items
 
     def all_gather(self, tensor: Any) -> list[Any]:
@@ -98,7 +138,7 @@ class TorchCollective(Collective):
         (item,) = as_tensor_list(tensor, f"collective {self.name!r}.all_gather(tensor)")
         (view,) = torch_views([item], f"collective {self.name!r}.all_gather")
         out = [torch.empty_like(view) for _ in range(self.world_size)]
-        dist.all_gather(out, view, group=self._pg)
+        self._run("all_gather", lambda: dist.all_gather(out, view, group=self._pg))
         return as_inputs(out, item)
 
     def barrier(self) -> None:
