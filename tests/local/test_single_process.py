@@ -321,3 +321,23 @@ def test_local_mode_outside_torchrun_says_so_once_and_in_the_placement(single_pr
         assert "launched no (a single process)" in get_device_placement(detail=True)
     finally:
         shutdown()
+
+
+@remote_class()
+class _Generation:
+    @remote_function(dispatch="all", collect="first")
+    def generation(self):
+        from twinkle_core import get_worker_context
+
+        return get_worker_context().generation
+
+
+def test_the_generation_under_torchrun_is_its_restart_count(single_process, monkeypatch):
+    """torchrun --max-restarts restarts the whole job: its workers say which attempt they are
+    (issue 28, item 5), as a restarted Ray group says its generation."""
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "2")
+    initialize("local", groups=[DeviceGroup("g", 1, "cpu")])
+    try:
+        assert _Generation(remote_group="g").generation()() == 2
+    finally:
+        shutdown()

@@ -9,6 +9,7 @@ worker could not be built every process raises the same error, naming the rank t
 from __future__ import annotations
 
 import copy
+import os
 from typing import Any
 
 from twinkle_core import DeviceGroup, DeviceMesh, WorkerContext, WorkerDiedError
@@ -56,7 +57,17 @@ def worker_context(
         device_type=group.device_type,
         device_ids=_devices(session, group, env.rank),
         mode="local",
+        generation=restart_count(),
     )
+
+
+def restart_count() -> int:
+    """How many times torchrun restarted this job (`--max-restarts`): the workers' generation.
+    torchrun restarts every process of the job, which then resumes from its own checkpoint."""
+    try:
+        return max(0, int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
+    except ValueError:
+        return 0
 
 
 def construct(
