@@ -13,13 +13,17 @@ import signal
 import sys
 import time
 
+import numpy as np
 import pytest
 import ray.cloudpickle
 from _support.processes import alive
 
 from twinkle_core import (
+    CollectiveBrokenError,
     DeviceGroup,
     WorkerDiedError,
+    collective,
+    collective_group,
     get_device_placement,
     get_worker_context,
     group_state,
@@ -103,7 +107,7 @@ def _pid(group: str, rank: int) -> int:
     """A worker's pid, read from the placement table as a user would."""
     text = get_device_placement(detail=True)
     block = text.split(f"group {group} ", 1)[1]
-    line = next(li for li in block.splitlines() if re.search(rf"rank {rank}\s+node", li))
+    line = next(li for li in block.splitlines() if re.search(rf"group rank {rank}\s", li))
     return int(re.search(r"process pid (\d+)", line).group(1))
 
 
@@ -249,3 +253,69 @@ def test_a_death_during_the_constructor_replay_spends_a_restart_and_the_next_one
     assert [(r[0], r[1]) for r in rows] == [(0, 1), (1, 1)]
     assert replaying not in [r[2] for r in rows]
     assert [(g, n) for g, n, _ in run["hook"].seen] == [("phoenix", 1)]  # one restart done
+
+
+@remote_class()
+class Weights:
+    """A role holding weights synced over collective group 'weights' (the policy is member 0)."""
+
+    def __init__(self, value):
+        self.w = np.full(4, value, dtype=np.float32)
+
+    @remote_function(dispatch="all", collect="none")
+    def sync(self, delay=0.0):
+        time.sleep(delay)  # the source arrives late: the receivers wait in the broadcast
+        collective("weights").broadcast([self.w], src=0)
+        ctx = get_worker_context()
+        return [ctx.generation, self.w.tolist(), os.getpid()]
+
+    @remote_function(dispatch="all", collect="none")
+    def train(self, value):
+        self.w[:] = value
+        return os.getpid()
+
+
+def test_a_worker_killed_mid_broadcast_between_groups_is_rebuilt_and_the_group_formed_again(run):
+    """Chaos (c): a sampler worker SIGKILLed while the policy and the sampler are in a broadcast
+    of collective group 'weights'. The sampler's call fails with WorkerDiedError, the policy's
+    with CollectiveBrokenError (both bounded), the sampler group restarts, the collective group
+    is formed again over the new processes, and the next sync delivers the policy's weights."""
+    policy = Weights(1.0, remote_group="short")
+    sampler = Weights(0.0, remote_group="phoenix")
+    collective_group("weights", [policy, sampler], timeout=30)
+    got, sent = sampler.sync(), policy.sync()
+    sent(timeout=60)
+    rows = got(timeout=60)
+    assert [r[1] for r in rows] == [[1.0] * 4] * 2
+    before = [r[2] for r in rows]
+    run["pids"].extend(before + policy.train(2.0)())
+
+    receiving = sampler.sync()  # both sampler ranks wait in the broadcast for the policy
+    sending = policy.sync(3.0)  # which arrives 3 s later, after the kill
+    time.sleep(1.0)
+    killed_at = time.monotonic()
+    os.kill(_pid("phoenix", 1), signal.SIGKILL)
+    with pytest.raises(WorkerDiedError) as died:
+        receiving(timeout=60)
+    assert "worker rank 1 of group 'phoenix' (Weights)" in str(died.value)
+    assert HERE in str(died.value)
+    with pytest.raises(CollectiveBrokenError) as broken:
+        sending(timeout=60)
+    assert time.monotonic() - killed_at < 45
+    assert "collective group 'weights'" in str(broken.value) and HERE in str(broken.value)
+
+    wait_until(lambda: group_state(sampler).generation == 1, timeout=90, what="the restart")
+    assert group_state(policy).state == "healthy" and group_state(policy).generation == 0
+    got = sampler.sync()
+    sent = policy.sync()
+    assert [r[1] for r in sent(timeout=60)] == [[2.0] * 4] * 2
+    rows = got(timeout=60)
+    assert [(r[0], r[1]) for r in rows] == [(1, [2.0] * 4)] * 2  # new generation, policy's weights
+    run["pids"].extend(r[2] for r in rows)
+    assert not set(r[2] for r in rows) & set(before)
+    assert [(g, n) for g, n, _ in run["hook"].seen] == [("phoenix", 1)]
+    wait_until(lambda: any("restarted" in a for a in run["alerts"]), timeout=30, what="the alert")
+    time.sleep(1.0)
+    assert [a for a in run["alerts"] if "restarted" in a] == [
+        "twinkle run restarts-test: group phoenix restarted"
+    ]

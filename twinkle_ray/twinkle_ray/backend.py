@@ -12,6 +12,7 @@ import dataclasses
 import itertools
 import logging
 import os
+import threading
 import time
 from typing import Any
 
@@ -128,8 +129,11 @@ class RayBackend(ExecutionBackend):
         self.noset: dict[str, str] = {}
         self._set_env: list[str] = []
         self._instances = itertools.count()
-        #: Collective groups of this run: name -> member actor handles (left at shutdown).
-        self.collectives: dict[str, list[Any]] = {}
+        #: Collective groups of this run, by name: their members, formed again after a restart
+        #: of a member's group, left at shutdown.
+        self.collectives: dict[str, FormedCollective] = {}
+        #: Held while deciding which collective groups a finished rebuild forms again.
+        self._reform_lock = threading.Lock()
         #: Turns a worker's death into a restart or a teardown (`restarts.py`).
         self.restarter = Restarter(self)
 
@@ -197,8 +201,10 @@ class RayBackend(ExecutionBackend):
         collectives, self.collectives = self.collectives, {}
         if ray.is_initialized():
             transports.GROUPS.leave_all()
-            for name, handles in collectives.items():
-                for handle in handles:  # queued behind running calls; the kill below ends them
+            for name, formed in collectives.items():
+                for (
+                    handle
+                ) in formed.handles:  # queued behind running calls; the kill below ends them
                     try:
                         handle._tw_apply.remote(ray_collective.leave, name)
                     except Exception:
@@ -300,6 +306,7 @@ class RayBackend(ExecutionBackend):
     def _host(self, hosts: Hosts, workers: RayWorkerGroup, cls, args, kwargs, slot: int) -> None:
         """Record an object hosted by `hosts`, and route its deaths to the restarter."""
         hosts.members.append(Member(workers, cls, args, kwargs, slot))
+        workers.hosts = hosts
         restarter = self.restarter
         workers.restarter = lambda cause: restarter.died(hosts, cause)
 
@@ -339,6 +346,7 @@ class RayBackend(ExecutionBackend):
             for member in members[1:]:
                 member.workers.placements = first.workers.placements  # the same processes
                 self._construct_more(hosts, member.workers, member.cls, member.args, member.kwargs)
+            self._reform_collectives(hosts, generation)
             self._on_restart(hosts, generation)
         except BaseException:
             for handle in handles:
@@ -562,7 +570,35 @@ class RayBackend(ExecutionBackend):
                     f"collective_group({group.name!r}): {w.class_name} does not belong to this "
                     "Ray run"
                 )
-        self.collectives[group.name] = ray_collective.create(group, workers)
+        handles = ray_collective.create(group, workers)
+        self.collectives[group.name] = FormedCollective(group, list(workers), handles)
+
+    def _reform_collectives(self, hosts: Hosts, generation: int) -> None:
+        """Form again, over the new actors, every collective group `hosts`' objects belong to
+        (after the constructor replay, before `on_restart`, so it can use them). The surviving
+        members leave the broken world first (queued behind their running calls). A group
+        whose other members are torn down for good stays broken; one whose other members
+        restart too is formed by whichever rebuild finishes last."""
+        with self._reform_lock:
+            hosts.rebuilt = True
+            due = [
+                formed
+                for formed in self.collectives.values()
+                if any(w.hosts is hosts for w in formed.workers)
+                and all(_up(w) for w in formed.workers)
+            ]
+        for formed in due:
+            name = formed.spec.name
+            for handle, workers in zip(formed.handles, formed.member_workers(), strict=True):
+                if workers.hosts is not hosts:  # a survivor: it leaves the broken world first
+                    try:
+                        handle._tw_apply.remote(ray_collective.leave, name)
+                    except Exception:
+                        pass
+            what = f"collective group {name!r} formed again for group {hosts.group.name!r}"
+            with waiting_for(what):
+                formed.handles = ray_collective.create(formed.spec, formed.workers, up=_up)
+            log.info("twinkle: %s (generation %d)", what, generation)
 
     # ------------------------------------------------------------------ facts
     def gather_trace(self, recorder: Any) -> None:
@@ -579,6 +615,27 @@ class RayBackend(ExecutionBackend):
         how = "embedded" if self.connection.started_cluster else "connected"
         nodes = len(self.resources.nodes) if self.resources is not None else 0
         return {"ray": f"{self.connection.address} ({how})", "nodes": nodes}
+
+
+@dataclasses.dataclass
+class FormedCollective:
+    """A collective group of the run: its spec, its members' worker groups (in rank order)
+    and the member actors that joined it (formed again when a member's group restarts)."""
+
+    spec: Any
+    workers: list[RayWorkerGroup]
+    handles: list[Any]
+
+    def member_workers(self) -> list[RayWorkerGroup]:
+        """The worker group of each member, in member order (one entry per handle)."""
+        return [w for w in self.workers for _ in range(w.size)]
+
+
+def _up(workers: RayWorkerGroup) -> bool:
+    """Whether `workers`' actors can join a collective group: alive, or rebuilt by a restart
+    that has not finished yet (its constructors ran; the group takes calls after it)."""
+    hosts = workers.hosts
+    return workers.torn_down is None or (hosts is not None and hosts.rebuilt)
 
 
 def _raise_first(pending: RayPendingCall, timeout: float, what: str) -> list[Any]:

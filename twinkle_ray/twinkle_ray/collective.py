@@ -95,9 +95,10 @@ class TorchCollective(Collective):
             self._broken = (
                 f"collective group {self.name!r}: {op} on member rank {self.rank} failed because "
                 f"a member stopped answering (died, or left the group): {first}. Members: "
-                f"{members}. The collective group is broken for the rest of the run: create the "
-                "dead member's object again, then a new collective group (another name) over the "
-                "objects"
+                f"{members}. The collective group is broken until it is formed again: twinkle "
+                "forms it again once the dead member's group restarted (DeviceGroup(max_restarts="
+                "N)); without restarts, create the dead member's object again, then a new "
+                "collective group (another name) over the objects"
             )
             raise CollectiveBrokenError(self._broken) from None
 
@@ -193,14 +194,15 @@ def leave(name: str) -> bool:
 
 
 # ---------------------------------------------------------------------------- driver side
-def create(spec: CollectiveGroup, workers: list[Any]) -> list[Any]:
+def create(spec: CollectiveGroup, workers: list[Any], up: Any = None) -> list[Any]:
     """Make every actor of `workers` (RayWorkerGroups, in rank order) join `spec`; returns the
     member handles. Bounded by `spec.timeout`; a member that fails or does not join in time is
-    named in the error, and the members that did join leave again."""
+    named in the error, and the members that did join leave again. `up(workers)` says whether
+    a member's actors can join (default: not torn down; a restart also admits rebuilt ones)."""
     handles: list[Any] = []
     seen: dict[str, str] = {}
     for w in workers:
-        if w.torn_down is not None:
+        if not (up(w) if up is not None else w.torn_down is None):
             raise ConfigurationError(
                 f"collective_group({spec.name!r}): group {w.group.name!r} ({w.class_name}) is "
                 f"torn down ({w.torn_down})"

@@ -47,6 +47,9 @@ class Hosts:
     pings: dict[int, Any] = field(default_factory=dict)
     #: Held while a death is turned into a restart or a teardown (one at a time).
     lock: threading.Lock = field(default_factory=threading.Lock)
+    #: Set once a restart rebuilt the actors (constructors replayed), until the next teardown:
+    #: they may join collective groups before the group takes calls again.
+    rebuilt: bool = False
 
     @property
     def alive(self) -> bool:
@@ -68,6 +71,7 @@ class Hosts:
 
     def teardown(self, reason: str) -> None:
         """Kill the actors (once) and mark every hosted object torn down with `reason`."""
+        self.rebuilt = False
         self.first.teardown(reason)
         for member in self.members:
             member.workers.torn_down = reason

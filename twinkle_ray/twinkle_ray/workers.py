@@ -101,6 +101,8 @@ class RayWorkerGroup(WorkerGroup):
         #: Driver-side only: `restarter(cause)` turns a death into a restart or a teardown
         #: (set by the backend: `restarts.Restarter.died` for this object's actors).
         self.restarter: Any = None
+        #: Driver-side only: the actors hosting this object (`hosts.Hosts`; set by the backend).
+        self.hosts: Any = None
         #: The generation of the workers serving this object (0 until the group restarts).
         self.restarts = 0
         #: Driver-side only: the group's health (`twinkle_core.plugin.GroupHealth`).
