@@ -149,3 +149,24 @@ def test_the_state_is_read_consistently_while_another_thread_restarts():
     stop.set()
     thread.join()
     assert bad == [] and health.snapshot().generation == 100
+
+
+def test_every_transition_is_told_to_the_book_listeners_once_with_the_new_state():
+    book = HealthBook()
+    told = []
+    book.listen(told.append)
+    book.listen(lambda state: 1 / 0)  # a broken listener is logged, never passed on
+    health = book.of(DeviceGroup("g", 2, max_restarts=2))
+    assert health.died("rank 0 died") == RESTART
+    assert health.died("rank 1 died too") == TEAR_DOWN  # no transition: not told
+    assert health.restart_failed("killed during the replay") == RESTART
+    assert health.restarted() == 1
+    assert health.died("again") == TEAR_DOWN  # the budget is spent
+    assert health.died("after the end") == TEAR_DOWN  # dead stays dead: not told
+    assert [(s.state, s.generation, s.restarts, s.last_cause) for s in told] == [
+        (RESTARTING, 0, 1, "rank 0 died"),
+        (RESTARTING, 0, 2, "killed during the replay"),
+        (HEALTHY, 1, 2, "killed during the replay"),
+        (DEAD, 1, 2, "again"),
+    ]
+    assert [(s.group, s.state) for s in book.states()] == [("g", DEAD)]

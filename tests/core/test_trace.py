@@ -245,3 +245,79 @@ def test_summary_command_of_a_real_run_and_a_bad_file(tmp_path):
         timeout=120,
     )
     assert done.returncode == 1 and "'traceEvents'" in done.stderr
+
+
+def test_group_health_is_a_track_of_its_group_and_the_summary_reports_each_restart(
+    tmp_path, capsys
+):
+    """A restart (restarting at 10 ms, healthy on generation 1 at 2510 ms) and a failed one
+    (restarting at 3000 ms, dead at 3500 ms) on group g: instant events and a span per restart
+    on g's "health" track, and the summary's "group restarts" lines."""
+    from twinkle_core.health import GroupState
+
+    path = tmp_path / "h.json"
+    rec = Recorder(str(path))
+    ms = 1_000_000
+    t = rec.started_ns
+    rec.executions.append(("A.run", "g", 0, "n", 1, None, t, t + 5 * ms, "driver"))
+    for at, state, gen, restarts, cause in [
+        (10, "restarting", 0, 1, "rank 1 died"),
+        (2510, "healthy", 1, 1, "rank 1 died"),
+        (3000, "restarting", 1, 2, "rank 0 died"),
+        (3500, "dead", 1, 2, "rank 0 died; restart as generation 2 failed"),
+    ]:
+        rec.group_health(GroupState("g", state, gen, restarts, 2, cause))
+        rec.health[-1] = rec.health[-1][:6] + (t + at * ms,)
+    rec.write()
+    events = json.loads(path.read_text())["traceEvents"]
+    group_pid = {v: k for k, v in _meta(events, "process_name").items()}["group g"]
+    assert _meta(events, "thread_name")[(group_pid, trace_mod.HEALTH_TID)] == "health"
+    marks = [(e["name"], e["ts"]) for e in events if e.get("cat") == "health" and e["ph"] == "i"]
+    assert marks == [
+        ("restarting (generation 0)", 10000),
+        ("healthy (generation 1)", 2510000),
+        ("restarting (generation 1)", 3000000),
+        ("dead (generation 1)", 3500000),
+    ]
+    spans = [
+        (e["name"], e["ts"], e["dur"], e["pid"])
+        for e in events
+        if e.get("cat") == "health" and e["ph"] == "X"
+    ]
+    assert spans == [
+        ("restart -> generation 1", 10000, 2500000, group_pid),
+        ("restart failed", 3000000, 500000, group_pid),
+    ]
+
+    assert cli_main(["trace", "summary", str(path), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [(r["group"], r["duration_ms"], r["generation"]) for r in out["restarts"]] == [
+        ("g", 2500.0, 1),
+        ("g", 500.0, None),
+    ]
+    assert cli_main(["trace", "summary", str(path)]) == 0
+    text = capsys.readouterr().out
+    assert "g: died at 10.000 ms, generation 1 after 2500.000 ms (rank 1 died)" in text
+    assert "g: died at 3000.000 ms, failed after 500.000 ms (rank 0 died)" in text
+
+
+def test_a_run_records_its_groups_health_in_the_trace(tmp_path):
+    """The runtime listens to the run's health book: a transition lands in the trace."""
+    path = tmp_path / "run.json"
+    twinkle_core.initialize(
+        "inprocess", groups=[DeviceGroup("g", 1, max_restarts=1)], trace=str(path)
+    )
+    try:
+        from twinkle_core.runtime import current_runtime
+
+        health = current_runtime().config.health.of(DeviceGroup("g", 1, max_restarts=1))
+        health.died("a test says so")
+        health.restarted()
+    finally:
+        twinkle_core.shutdown()
+    events = json.loads(path.read_text())["traceEvents"]
+    assert [e["name"] for e in events if e.get("cat") == "health"] == [
+        "restarting (generation 0)",
+        "healthy (generation 1)",
+        "restart -> generation 1",
+    ]

@@ -7,6 +7,7 @@ nothing left running after `shutdown()`."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -34,6 +35,7 @@ from twinkle_core import (
     shutdown,
 )
 from twinkle_core.plugins import plugin_system
+from twinkle_core.tools.doctor import diagnose
 
 HERE = os.path.basename(__file__)
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import tests
@@ -95,6 +97,10 @@ class Restarts:
         self.seen.append((group, generation, cause))
 
 
+def run_hook_seen(hook: Restarts) -> list[tuple[str, int, str]]:
+    return list(hook.seen)
+
+
 def wait_until(condition, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -125,10 +131,17 @@ def run(cluster, tmp_path):
         ],
         notifier=lambda text: alerts.append(text.splitlines()[0]),
         name="restarts-test",
+        trace=str(tmp_path / "trace.json"),
     )
     pids = []
     try:
-        yield {"alerts": alerts, "hook": hook, "ckpt": str(tmp_path / "ckpt"), "pids": pids}
+        yield {
+            "alerts": alerts,
+            "hook": hook,
+            "ckpt": str(tmp_path / "ckpt"),
+            "pids": pids,
+            "address": cluster.address,
+        }
     finally:
         shutdown()
         plugin_system().pm.unregister(name="test-restarts")
@@ -137,6 +150,14 @@ def run(cluster, tmp_path):
     while time.monotonic() < deadline and any(alive(p) for p in pids):
         time.sleep(0.2)
     assert not [p for p in pids if alive(p)], "workers outlived shutdown()"
+    # Every restart the hook saw is a span of its group's health track in the trace.
+    events = json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
+    restarts = [
+        (e["args"]["group"], e["args"]["generation"])
+        for e in events
+        if e.get("cat") == "health" and e["ph"] == "X" and e["name"].startswith("restart ->")
+    ]
+    assert restarts == [(g, n) for g, n, _ in run_hook_seen(hook)]
 
 
 def test_a_worker_killed_while_idle_is_rebuilt_and_brought_up_to_date(run):
@@ -206,6 +227,19 @@ def test_deaths_beyond_the_budget_leave_the_group_dead_with_an_error_saying_so(r
     wait_until(lambda: group_state("short").state == "dead", timeout=60, what="the teardown")
     state = group_state("short")
     assert (state.restarts, state.generation) == (1, 1)
+    # `twinkle doctor --ray` (another process) reads the live run's health from the cluster.
+    report = diagnose({"ray": run["address"]}, timeout=60)
+    runs = {e["group"]: e for e in report["ray_cluster"]["twinkle_runs"]}
+    assert (runs["short"]["state"], runs["short"]["generation"], runs["short"]["live"]) == (
+        "dead",
+        1,
+        True,
+    )
+    assert "rank 1 of group 'short'" in runs["short"]["last_cause"]
+    assert any("group 'short' is dead at generation 1" in w["problem"] for w in report["warnings"])
+    assert "    group short: dead, generation 1, restarts 1/1" in "\n".join(
+        report["cluster_text"][0]
+    )
     with pytest.raises(WorkerDiedError, match="torn down for good: its restarts are spent"):
         learner.state()()
     assert [(g, n) for g, n, _ in run["hook"].seen] == [("short", 1)]  # one restart, one hook

@@ -11,11 +11,15 @@ A small state machine with no I/O, driven by the backend that can restart worker
 A group whose `max_restarts` is 0 (the default) goes from healthy to dead on its first death,
 which is what every group did before restarts existed. `dead` is final for the run. The
 backend asks `died()` what to do; core's `on_restarted` callback (set by the runtime) fires the
-`twinkle_group_restarted` hook, one alert and one log line per restart, never per rank.
+`twinkle_group_restarted` hook, one alert and one log line per restart, never per rank. Every
+transition is also told to the book's listeners (`HealthBook.listen`) as the new `GroupState`:
+the runtime writes it into the trace, and a backend may publish it (Ray: for
+`twinkle doctor --ray`).
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,6 +32,8 @@ DEAD = "dead"
 #: What `died` and `restart_failed` tell the backend to do.
 RESTART = "restart"
 TEAR_DOWN = "tear down"
+
+log = logging.getLogger("twinkle")
 
 
 @dataclass(frozen=True)
@@ -58,10 +64,13 @@ class GroupHealth:
         group: str,
         max_restarts: int = 0,
         on_restarted: Callable[[str, int, str], Any] | None = None,
+        on_change: Callable[[GroupState], Any] | None = None,
     ) -> None:
         self.group = group
         self.max_restarts = max_restarts
         self.on_restarted = on_restarted
+        #: Called with the new state after every transition (outside the lock).
+        self.on_change = on_change
         self._lock = threading.Lock()
         self._state = HEALTHY
         self._generation = 0
@@ -74,14 +83,21 @@ class GroupHealth:
     # ------------------------------------------------------------------ reading
     def snapshot(self) -> GroupState:
         with self._lock:
-            return GroupState(
-                self.group,
-                self._state,
-                self._generation,
-                self._restarts,
-                self.max_restarts,
-                self._cause,
-            )
+            return self._state_now()
+
+    def _state_now(self) -> GroupState:
+        return GroupState(
+            self.group,
+            self._state,
+            self._generation,
+            self._restarts,
+            self.max_restarts,
+            self._cause,
+        )
+
+    def _tell(self, before: str, after: GroupState) -> None:
+        if self.on_change is not None and (before, after.state) != (DEAD, DEAD):
+            self.on_change(after)
 
     @property
     def state(self) -> str:
@@ -100,7 +116,11 @@ class GroupHealth:
         with self._lock:
             if self._state != HEALTHY:
                 return TEAR_DOWN
-            return self._next_attempt(cause)
+            before = self._state
+            decision = self._next_attempt(cause)
+            after = self._state_now()
+        self._tell(before, after)
+        return decision
 
     def restart_failed(self, cause: str) -> str:
         """The restart in progress failed (a death during it included): RESTART again while
@@ -108,7 +128,10 @@ class GroupHealth:
         with self._lock:
             if self._state != RESTARTING:
                 raise RuntimeError(f"group {self.group!r}: no restart in progress ({self._state})")
-            return self._next_attempt(cause)
+            decision = self._next_attempt(cause)
+            after = self._state_now()
+        self._tell(RESTARTING, after)
+        return decision
 
     def restarted(self) -> int:
         """The restart in progress finished: the group serves calls on the next generation,
@@ -119,7 +142,9 @@ class GroupHealth:
             self._state = HEALTHY
             self._generation += 1
             generation, cause = self._generation, self._cause or ""
+            after = self._state_now()
         self.serving.set()
+        self._tell(RESTARTING, after)
         if self.on_restarted is not None:
             self.on_restarted(self.group, generation, cause)
         return generation
@@ -150,6 +175,30 @@ class HealthBook:
         self.on_restarted = on_restarted
         self._lock = threading.Lock()
         self._groups: dict[str, GroupHealth] = {}
+        self._listeners: list[Callable[[GroupState], Any]] = []
+
+    def listen(self, listener: Callable[[GroupState], Any]) -> None:
+        """Call `listener(state)` after every transition of any group of the book (from the
+        thread that made it; an exception it raises is logged, never passed on)."""
+        with self._lock:
+            self._listeners.append(listener)
+
+    def states(self) -> list[GroupState]:
+        """Every group's current state, in the order the groups were first used."""
+        with self._lock:
+            groups = list(self._groups.values())
+        return [g.snapshot() for g in groups]
+
+    def _changed(self, state: GroupState) -> None:
+        with self._lock:
+            listeners = list(self._listeners)
+        for listener in listeners:
+            try:
+                listener(state)
+            except Exception as exc:  # a listener must not stop a restart
+                log.warning(
+                    "twinkle: a group health listener raised %s: %s", type(exc).__name__, exc
+                )
 
     def of(self, group: Any) -> GroupHealth:
         """The health of `group` (a `DeviceGroup`: its `max_restarts` sets the budget)."""
@@ -157,7 +206,9 @@ class HealthBook:
             health = self._groups.get(group.name)
             if health is None:
                 budget = int(getattr(group, "max_restarts", 0) or 0)
-                health = self._groups[group.name] = GroupHealth(group.name, budget, self._notify)
+                health = self._groups[group.name] = GroupHealth(
+                    group.name, budget, self._notify, self._changed
+                )
             return health
 
     def _notify(self, group: str, generation: int, cause: str) -> None:

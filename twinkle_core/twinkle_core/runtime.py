@@ -63,6 +63,13 @@ class BoundClass:
     workers: WorkerGroup
 
 
+def _trace_health(state: Any) -> None:
+    """Record a group's health transition in the run's trace, when one is recorded."""
+    recorder = _trace.RECORDER
+    if recorder is not None:
+        recorder.group_health(state)
+
+
 class Runtime:
     """The state of one `initialize()` ... `shutdown()` span.
 
@@ -79,6 +86,7 @@ class Runtime:
         self.alerts = AlertQueue(config.notifier) if config.notifier is not None else None
         backend.attach_alerts(self.alerts)
         config.health.on_restarted = self.group_restarted
+        config.health.listen(_trace_health)
         self.bound: list[BoundClass] = []
         #: Which object of each group ran last (roles taking turns: `swapping.py`).
         self.turns = Turns()

@@ -83,6 +83,9 @@ class Recorder:
         self.executions: deque[tuple] = deque(maxlen=self.max_events)
         #: (kind, name, group, call id, thread name, start_ns, end_ns, args, process label)
         self.driver: deque[tuple] = deque(maxlen=self.max_events)
+        #: Group health transitions seen by this (driver) process, oldest first:
+        #: (group, state, generation, restarts, max_restarts, cause, at_ns).
+        self.health: deque[tuple] = deque(maxlen=self.max_events)
         #: Events recorded here in total (kept or dropped), and dropped by other processes.
         self._recorded = itertools.count()
         self.dropped_elsewhere = 0
@@ -154,6 +157,21 @@ class Recorder:
             (kind, method, group, call, thread, start_ns, now_ns(), args, self.label)
         )
 
+    def group_health(self, state: Any) -> None:
+        """A group's health changed (a `GroupState`: restarting, healthy again, dead)."""
+        next(self._recorded)
+        self.health.append(
+            (
+                state.group,
+                state.state,
+                state.generation,
+                state.restarts,
+                state.max_restarts,
+                state.last_cause,
+                now_ns(),
+            )
+        )
+
     # ------------------------------------------------------------------ worker side
     def worker_finished(
         self,
@@ -177,7 +195,7 @@ class Recorder:
         # next() is the one atomic read of an itertools.count; reads are counted and subtracted.
         recorded = next(self._recorded) - self._reads
         self._reads += 1
-        kept_here = len(self.executions) + len(self.driver) - self._merged
+        kept_here = len(self.executions) + len(self.driver) + len(self.health) - self._merged
         return max(0, recorded - kept_here) + self.dropped_elsewhere
 
     _merged = 0
@@ -387,7 +405,9 @@ def check_path(value: Any) -> str | None:
 def chrome_trace(rec: Recorder) -> dict[str, Any]:
     """Build the Chrome Trace Event object of everything `rec` holds."""
     events: list[dict[str, Any]] = []
-    starts = [e[6] for e in rec.executions] + [d[5] for d in rec.driver]
+    starts = (
+        [e[6] for e in rec.executions] + [d[5] for d in rec.driver] + [h[6] for h in rec.health]
+    )
     origin = min(starts) if starts else rec.started_ns
 
     def us(ns: int) -> float:
@@ -399,6 +419,9 @@ def chrome_trace(rec: Recorder) -> dict[str, Any]:
     for e in sorted(rec.executions, key=lambda e: e[6]):
         if e[1] not in groups:
             groups.append(e[1])
+    for h in rec.health:
+        if h[0] not in groups:
+            groups.append(h[0])
     pids: dict[str, int] = {label: 1 + i for i, label in enumerate(driver_labels)}
     group_pid = {g: 100 + i for i, g in enumerate(groups)}
     for label, pid in pids.items():
@@ -482,6 +505,7 @@ def chrome_trace(rec: Recorder) -> dict[str, Any]:
                     "tid": tid,
                 }
             )
+    events.extend(_health_events(rec, group_pid, us))
     return {
         "traceEvents": events,
         "displayTimeUnit": "ms",
@@ -494,6 +518,52 @@ def chrome_trace(rec: Recorder) -> dict[str, Any]:
             "dropped_events": rec.dropped,
         },
     }
+
+
+#: The thread id of a group's health track in the trace (ranks use 0..n-1).
+HEALTH_TID = -1
+
+
+def _health_events(rec: Recorder, group_pid: dict[str, int], us: Any) -> list[dict[str, Any]]:
+    """Each group's health on a track of its own ("health"): an instant event per transition
+    (restarting, healthy on a new generation, dead), and a span from each death to the end of
+    the restart it began (`restart -> generation N`, or `restart failed` when the group died)."""
+    events: list[dict[str, Any]] = []
+    began: dict[str, tuple[int, str | None]] = {}
+    named: set[str] = set()
+    for group, state, generation, restarts, max_restarts, cause, at in rec.health:
+        pid = group_pid[group]
+        if group not in named:
+            named.add(group)
+            events.append(_meta("thread_name", pid, HEALTH_TID, "health"))
+        args = {
+            "group": group,
+            "state": state,
+            "generation": generation,
+            "restarts": restarts,
+            "max_restarts": max_restarts,
+            "cause": cause,
+        }
+        events.append(
+            {
+                "name": f"{state} (generation {generation})",
+                "cat": "health",
+                "ph": "i",
+                "s": "t",
+                "ts": us(at),
+                "pid": pid,
+                "tid": HEALTH_TID,
+                "args": args,
+            }
+        )
+        if state == "restarting" and group not in began:
+            began[group] = (at, cause)
+        elif state in ("healthy", "dead") and group in began:
+            start, first_cause = began.pop(group)
+            name = f"restart -> generation {generation}" if state == "healthy" else "restart failed"
+            span_args = {**args, "cause": first_cause}
+            events.append(_x(name, "health", us(start), us(at), pid, HEALTH_TID, span_args))
+    return events
 
 
 def _label_key(label: str) -> tuple[int, str]:

@@ -34,8 +34,8 @@ from twinkle_core.plugin import (
 )
 
 from . import collective as ray_collective
+from . import health_board, transports
 from . import tracing as ray_tracing
-from . import transports
 from .actor import ActorBoot, actor_class_for
 from .cluster import ClusterConnection
 from .envvars import passthrough_patterns, select
@@ -142,6 +142,7 @@ class RayBackend(ExecutionBackend):
         super().initialize(config)
         self.restarter = Restarter(self)
         self.options = opts = RayOptions.parse(config.backend_options)
+        config.health.listen(self._publish_health)
         for group in config.groups.values():
             if not group.is_cpu:
                 get_platform(group.device_type)  # an unknown device type fails here, clearly
@@ -297,11 +298,17 @@ class RayBackend(ExecutionBackend):
             raise
         hosts = Hosts(workers, slots, rdt, hosting, instance)
         self._host(hosts, workers, cls, args, kwargs, 0)
+        self._publish_health(health.snapshot())
         if shares and (group.name not in self.hosts or not self.hosts[group.name].alive):
             self.hosts[group.name] = hosts
         if workers.restartable:
             self.restarter.watcher.watch(hosts)
         return workers
+
+    def _publish_health(self, state: Any) -> None:
+        """Write a group's health where `twinkle doctor --ray` reads it (`health_board.py`)."""
+        if self.config is not None and ray.is_initialized():
+            health_board.publish(self.config.name, state)
 
     def _host(self, hosts: Hosts, workers: RayWorkerGroup, cls, args, kwargs, slot: int) -> None:
         """Record an object hosted by `hosts`, and route its deaths to the restarter."""

@@ -5,6 +5,10 @@ process (`ray.init(address=...)`, `ray.nodes()`, `ray.shutdown()`): the doctor p
 imports ray, an unreachable address cannot hang the command (`--timeout`), and Ray's own log
 lines stay out of the report. The answer is `{"data", "problems", "warnings", "text"}`:
 `data` is the report's `ray_cluster`, `text` the lines the doctor's text report shows.
+
+`data["twinkle_runs"]` lists the health of every group of the twinkle runs on the cluster
+(`health_board.py`: state, generation, restarts and the last cause), so a live run's restarts
+show without asking its driver; a group of a live run that is dead or restarting is a warning.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ import time
 from typing import Any
 
 from twinkle_core.plugin import get_plugin, registered_names
+
+from . import health_board
 
 
 def _problem(problem: str, fix: str) -> dict[str, str]:
@@ -41,6 +47,11 @@ try:
     try:
         out["address"] = ray.get_runtime_context().gcs_address
         out["nodes"] = ray.nodes()
+        try:
+            from twinkle_ray.health_board import read_all
+            out["twinkle_runs"] = read_all()
+        except Exception as exc:
+            out["twinkle_runs_error"] = type(exc).__name__ + ": " + str(exc)
     finally:
         ray.shutdown()
 except BaseException as exc:
@@ -216,13 +227,40 @@ def ray_cluster_report(address: str, timeout: float, problems: list[dict[str, st
                 "restart the cluster's nodes (`ray start`), then run twinkle doctor --ray again",
             )
         )
+    runs = list(result.get("twinkle_runs") or [])
     return {
         "address": result.get("address", address),
         "asked_address": address,
         "nodes": nodes,
         "alive_nodes": len(alive),
         "totals": totals,
+        "twinkle_runs": runs,
+        "twinkle_runs_error": result.get("twinkle_runs_error"),
     }
+
+
+def _health_warnings(cluster: dict[str, Any]) -> list[dict[str, str]]:
+    """A group of a live run that is not serving calls (dead, or restarting)."""
+    out = []
+    for e in cluster.get("twinkle_runs") or []:
+        if e.get("live") is False or e.get("state") == "healthy":
+            continue
+        cause = f" ({str(e.get('last_cause'))[:200]})" if e.get("last_cause") else ""
+        fix = (
+            "it serves calls again once the restart finishes; if it does not, look at the "
+            "cause and at its workers' logs"
+            if e.get("state") == "restarting"
+            else "its restarts are spent or it had none (DeviceGroup(max_restarts=N)): create "
+            "its objects again, or restart the run"
+        )
+        out.append(
+            _problem(
+                f"twinkle run {e.get('run')!r}: group {e.get('group')!r} is {e.get('state')} "
+                f"at generation {e.get('generation')}{cause}",
+                fix,
+            )
+        )
+    return out
 
 
 def _gib(n: float) -> str:
@@ -251,6 +289,10 @@ def _text(cluster: dict[str, Any]) -> list[str]:
             f"{acc}{kind}  memory {_gib(n['memory_bytes'])}  object store "
             f"{_gib(n['object_store_memory_bytes'])}"
         )
+    if cluster.get("twinkle_runs_error"):
+        out.append(f"  twinkle runs: could not be read ({cluster['twinkle_runs_error']})")
+    else:
+        out.extend(health_board.text(cluster.get("twinkle_runs") or []))
     return out
 
 
@@ -261,6 +303,6 @@ def probe(address: str, timeout: float) -> dict[str, Any]:
     return {
         "data": cluster,
         "problems": problems,
-        "warnings": [],
+        "warnings": _health_warnings(cluster) if cluster is not None else [],
         "text": _text(cluster) if cluster is not None else [],
     }

@@ -213,6 +213,8 @@ def _actors(backend: Any, workers: Any = None) -> list[tuple[str, str]]:
     groups = [workers] if workers is not None else list(getattr(backend, "worker_groups", ()))
     out: dict[str, str] = {}  # colocated objects share their group's actors: each once
     for wg in groups:
+        if getattr(wg, "torn_down", None) is not None:
+            continue  # its actors are gone, and their events with them
         for rank, handle in enumerate(getattr(wg, "handles", ()) or ()):
             try:
                 actor_id = handle._actor_id.hex()

@@ -7,7 +7,9 @@ Reads a Chrome trace written by `initialize(trace=...)` (see `twinkle_core.trace
 - per group: how long its workers were idle, i.e. the run's span times the number of ranks
   minus the time the ranks spent executing methods (overlapping executions on one rank count
   once);
-- per driver: the fraction of its time spent waiting for workers inside a LazyCollect.
+- per driver: the fraction of its time spent waiting for workers inside a LazyCollect;
+- per group restart (`DeviceGroup(max_restarts=N)`): when the group died, how long until it
+  served calls again on its next generation (or that the restart failed), and why.
 """
 
 from __future__ import annotations
@@ -68,11 +70,24 @@ class DriverStats:
 
 
 @dataclass
+class RestartStats:
+    """One restart of a group: from the death (`at_us`, trace time) for `duration_us`."""
+
+    group: str
+    at_us: float
+    duration_us: float
+    #: The generation it ended on, or None when the group ended dead.
+    generation: int | None
+    cause: str
+
+
+@dataclass
 class Summary:
     span_us: float
     methods: list[MethodStats]
     groups: list[GroupStats]
     drivers: list[DriverStats]
+    restarts: list[RestartStats] = field(default_factory=list)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -131,10 +146,23 @@ def summarize(events: list[dict[str, Any]]) -> Summary:
     busy: dict[str, dict[int, list[tuple[float, float]]]] = defaultdict(lambda: defaultdict(list))
     drivers: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     driver_span: dict[int, list[float]] = {}
+    restarts: list[RestartStats] = []
     for e in complete:
         ts, dur = float(e["ts"]), float(e.get("dur", 0))
         cat = e.get("cat", "")
-        if cat == "worker":
+        if cat == "health":
+            args = e.get("args", {})
+            healthy = args.get("state") == "healthy"
+            restarts.append(
+                RestartStats(
+                    str(args.get("group", names.get(e["pid"], e["pid"]))),
+                    ts - start,
+                    dur,
+                    int(args.get("generation", 0)) if healthy else None,
+                    str(args.get("cause") or ""),
+                )
+            )
+        elif cat == "worker":
             args = e.get("args", {})
             group = str(args.get("group", names.get(e["pid"], e["pid"])))
             methods.setdefault(e["name"], MethodStats(e["name"])).durations_us.append(dur)
@@ -167,6 +195,7 @@ def summarize(events: list[dict[str, Any]]) -> Summary:
         sorted(methods.values(), key=lambda m: -m.total_us),
         sorted(groups, key=lambda g: g.name),
         sorted(driver_stats, key=lambda d: d.name),
+        sorted(restarts, key=lambda r: r.at_us),
     )
 
 
@@ -203,6 +232,16 @@ def render(summary: Summary) -> str:
                 f"  {d.name}: waiting {d.wait_fraction:.1%} of {_ms(d.span_us)} ms "
                 f"(wait {_ms(d.wait_us)} ms, dispatch {_ms(d.dispatch_us)} ms, "
                 f"collect {_ms(d.collect_us)} ms)"
+            )
+    if summary.restarts:
+        lines += ["", "group restarts (from the death until the group served calls again):"]
+        for r in summary.restarts:
+            outcome = (
+                f"generation {r.generation} after" if r.generation is not None else "failed after"
+            )
+            lines.append(
+                f"  {r.group}: died at {_ms(r.at_us)} ms, {outcome} {_ms(r.duration_us)} ms"
+                f" ({r.cause[:200]})"
             )
     return "\n".join(lines)
 
@@ -241,5 +280,15 @@ def as_json(summary: Summary) -> dict[str, Any]:
                 "wait_fraction": d.wait_fraction,
             }
             for d in summary.drivers
+        ],
+        "restarts": [
+            {
+                "group": r.group,
+                "at_ms": r.at_us / 1000.0,
+                "duration_ms": r.duration_us / 1000.0,
+                "generation": r.generation,
+                "cause": r.cause,
+            }
+            for r in summary.restarts
         ],
     }
