@@ -15,6 +15,11 @@ The same file runs in every mode; only `--mode` changes:
     torchrun --standalone --nproc_per_node=2 examples/rl_pipeline.py --mode local
     python examples/rl_pipeline.py --mode ray
 
+`--chaos` (Ray) SIGKILLs a sampler worker halfway through the run: the sampler group restarts
+(`DeviceGroup(max_restarts=1)`), the restarted sampler reloads the weights it last received
+from its checkpoint in `on_restart`, the weights group is formed again, the step's rollouts
+are asked again, and the run ends with the losses of an uninterrupted run (docs/restarts.md).
+
 `--sync handoff` moves the weights with `sampler.load_weights(policy.get_weights())` instead (a
 LazyCollect hand-off: worker to worker through the object store on Ray, exchanged among the
 processes under torchrun), and `--ballast-mib N` adds N MiB of extra weights to both nets (synced,
@@ -26,7 +31,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import signal
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -35,6 +43,7 @@ import torch.distributed as dist
 
 from twinkle_core import (
     DeviceGroup,
+    WorkerDiedError,
     collective,
     collective_group,
     get_device_placement,
@@ -134,17 +143,34 @@ class Reference:
 class Sampler:
     """Generates rollouts from the latest policy weights."""
 
-    def __init__(self, ballast_mib: int = 0) -> None:
+    def __init__(self, ballast_mib: int = 0, checkpoint_dir: str | None = None) -> None:
         self.net = build_net(ballast_mib)
+        #: Where each rank keeps the weights it last received (None: nowhere).
+        self.checkpoint_dir = checkpoint_dir
 
     @remote_function(dispatch="all", collect="none")
     def receive_weights(self) -> None:
         """Take the policy's weights from the weights group, in place."""
         collective(WEIGHTS).broadcast(weight_tensors(self.net), src=0)
+        self._save()
 
     @remote_function(dispatch="all", collect="none")
     def load_weights(self, weights: dict) -> None:
         self.net.load_state_dict({k: torch.as_tensor(np.array(v)) for k, v in weights.items()})
+        self._save()
+
+    def _checkpoint(self) -> str:
+        return os.path.join(self.checkpoint_dir, f"sampler-rank{get_worker_context().rank}.pt")
+
+    def _save(self) -> None:
+        if self.checkpoint_dir is not None:
+            torch.save(self.net.state_dict(), self._checkpoint())
+
+    def on_restart(self, generation: int) -> None:
+        """Called by twinkle on every rank of a restarted sampler group, before it takes calls:
+        back to the weights this rank last received (its constructor built fresh ones)."""
+        if self.checkpoint_dir is not None and os.path.exists(self._checkpoint()):
+            self.net.load_state_dict(torch.load(self._checkpoint()))
 
     @remote_function(dispatch="slice", collect="flatten")
     def generate(self, prompts: list, step: int) -> list:
@@ -183,6 +209,34 @@ def is_main_process() -> bool:
     return os.environ.get("RANK", "0") == "0"
 
 
+def kill_a_worker(group: str, rank: int) -> int:
+    """SIGKILL worker `rank` of `group`, found in the placement table as a user would."""
+    text = get_device_placement(detail=True)
+    block = text.split(f"group {group} ", 1)[1]
+    line = next(li for li in block.splitlines() if re.search(rf"\brank {rank}\b.*\bnode", li))
+    pid = int(re.search(r"process pid (\d+)", line).group(1))
+    os.kill(pid, signal.SIGKILL)
+    return pid
+
+
+def sample(sampler: Sampler, prompts: list, step: int, retry: bool) -> object:
+    """The step's rollouts; with `retry`, a call that met a dying sampler worker is made again
+    (it runs on the restarted group, brought up to date by `on_restart`)."""
+    rollouts = sampler.generate(prompts, step)
+    if not retry:
+        return rollouts
+    for _attempt in range(3):
+        try:
+            rollouts()
+            return rollouts
+        except WorkerDiedError as exc:
+            print(
+                f"step {step:2d}  rollouts lost ({str(exc).splitlines()[0][:100]}...)", flush=True
+            )
+            rollouts = sampler.generate(prompts, step)
+    return rollouts
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--mode", default=os.environ.get("TWINKLE_MODE", "inprocess"))
@@ -198,7 +252,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
         help="how weights reach the sampler: a collective group, or a LazyCollect hand-off",
     )
     parser.add_argument("--ballast-mib", type=int, default=0, help="extra MiB of weights")
+    parser.add_argument(
+        "--chaos",
+        action="store_true",
+        help="(ray) SIGKILL a sampler worker halfway; the group restarts and the run goes on",
+    )
     args = parser.parse_args(argv)
+    if args.chaos and args.mode != "ray":
+        parser.error("--chaos needs --mode ray: only Ray restarts a group's workers")
 
     # Collectives inside user code need real processes. In-process, the policy has one worker
     # that sees the whole batch: the same numbers as two data-parallel workers whose gradients
@@ -209,17 +270,18 @@ def main(argv: list[str] | None = None) -> list[dict]:
         seed=args.seed,
         groups=[
             DeviceGroup("policy", policy_workers, "cpu"),
-            DeviceGroup("sampler", 2, "cpu"),
+            DeviceGroup("sampler", 2, "cpu", max_restarts=1 if args.chaos else 0),
             DeviceGroup("processor", 2, "cpu"),
         ],
         notifier=args.notifier,
         name=f"rl-demo-{args.mode}",
     )
     table = []
+    checkpoints = tempfile.mkdtemp(prefix="rl-sampler-") if args.chaos else None
     try:
         policy = Policy(2.0, args.ballast_mib, remote_group="policy")
         reference = Reference(args.ballast_mib, remote_group="policy")  # colocated
-        sampler = Sampler(args.ballast_mib, remote_group="sampler")
+        sampler = Sampler(args.ballast_mib, checkpoints, remote_group="sampler")
         processor = RewardProcessor(args.seed, remote_group="processor")
         if is_main_process():
             print(get_device_placement(), flush=True)
@@ -238,8 +300,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 loaded = sampler.load_weights(policy.get_weights())
             loaded()
             sync_s = time.perf_counter() - started
+            if args.chaos and step == args.steps // 2:
+                pid = kill_a_worker("sampler", 1)
+                print(f"step {step:2d}  chaos: SIGKILLed sampler rank 1 (pid {pid})", flush=True)
             # Lazy results flow between groups; nothing waits until a value is needed.
-            rollouts = sampler.generate(make_prompts(step, args.batch), step)
+            rollouts = sample(sampler, make_prompts(step, args.batch), step, retry=args.chaos)
             scored = processor.score(rollouts)
             rewards = np.array([r[3] for r in scored()], dtype=np.float32)
             batch = {

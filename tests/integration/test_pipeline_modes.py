@@ -30,6 +30,8 @@ COMMANDS = {
     "inprocess": [sys.executable, str(EXAMPLE), "--mode", "inprocess"],
     "local": [*TORCHRUN, str(EXAMPLE), "--mode", "local"],
     "ray": [sys.executable, str(EXAMPLE), "--mode", "ray"],
+    # A sampler worker SIGKILLed halfway (issue 28, item 6).
+    "ray_chaos": [sys.executable, str(EXAMPLE), "--mode", "ray", "--chaos"],
 }
 
 
@@ -49,6 +51,7 @@ def _mode_run(mode: str):
 inprocess_run = _mode_run("inprocess")
 local_run = _mode_run("local")
 ray_run = _mode_run("ray")
+ray_chaos_run = _mode_run("ray_chaos")
 
 
 @pytest.fixture(scope="module")
@@ -78,3 +81,21 @@ def test_losses_equal_the_reference(tables, mode):
     assert len({round(r["loss"], 6) for r in reference}) > 1
     # the reference is the frozen first policy: log-probs under uniform-ish init, all negative
     assert all(r["ref_logp"] < 0 for r in reference)
+
+
+def test_a_run_whose_sampler_worker_is_killed_halfway_ends_with_the_same_losses(
+    inprocess_run, ray_chaos_run
+):
+    """`--chaos`: a sampler worker is SIGKILLed after the weight sync of step 2; the step's
+    rollouts fail or wait, the sampler group restarts (one restart, logged once), reloads the
+    weights it last received in `on_restart`, the weights group is formed again for step 3,
+    and every step's numbers equal an uninterrupted run's."""
+    steps, stdout = ray_chaos_run
+    half = int(STEPS) // 2
+    assert f"step  {half}  chaos: SIGKILLed sampler rank 1" in stdout
+    assert stdout.count("twinkle: group 'sampler' restarted as generation 1") == 1, stdout[-3000:]
+    reference = inprocess_run[0]
+    assert len(steps) == len(reference) == int(STEPS)
+    for ref, row in zip(reference, steps, strict=True):
+        assert row["reward"] == pytest.approx(ref["reward"], abs=1e-9), row["step"]
+        assert row["loss"] == pytest.approx(ref["loss"], rel=1e-5, abs=1e-6), row["step"]
