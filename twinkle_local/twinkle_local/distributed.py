@@ -49,13 +49,16 @@ def init_from_env(
     if platform.device_type != "cpu" and platform.is_available():
         platform.set_device(local_rank)
     global _generation
-    if _generation == 0:
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    if _generation == 0 and restart == 0:
         dist.init_process_group(backend=backend, timeout=timeout)
     else:
-        # A default group started again in the same job: torch would reuse the store keys of the
-        # destroyed one (and connect to stale addresses); a prefix per generation keeps them apart.
+        # A default group started again in the same job, or in a job torchrun restarted
+        # (--max-restarts): torchrun's store outlives the attempt, and torch would read the
+        # destroyed group's keys (and connect to stale addresses: "Connection refused" in
+        # gloo's connectFullMesh). A prefix per attempt and generation keeps them apart.
         store, rank, world_size = next(dist.rendezvous("env://", timeout=timeout))
-        store = dist.PrefixStore(f"twinkle/generation{_generation}", store)
+        store = dist.PrefixStore(f"twinkle/restart{restart}/generation{_generation}", store)
         dist.init_process_group(
             backend=backend, store=store, rank=rank, world_size=world_size, timeout=timeout
         )
