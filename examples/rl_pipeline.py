@@ -15,10 +15,16 @@ The same file runs in every mode; only `--mode` changes:
     torchrun --standalone --nproc_per_node=2 examples/rl_pipeline.py --mode local
     python examples/rl_pipeline.py --mode ray
 
-`--chaos` (Ray) SIGKILLs a sampler worker halfway through the run: the sampler group restarts
-(`DeviceGroup(max_restarts=1)`), the restarted sampler reloads the weights it last received
-from its checkpoint in `on_restart`, the weights group is formed again, the step's rollouts
-are asked again, and the run ends with the losses of an uninterrupted run (docs/restarts.md).
+`--chaos` kills a worker halfway through the run, and the run ends with the losses of an
+uninterrupted run (docs/restarts.md):
+- on Ray, a sampler worker is SIGKILLed: the sampler group restarts
+  (`DeviceGroup(max_restarts=1)`), the restarted sampler reloads the weights it last received
+  in `on_restart`, the weights group is formed again, and the step's rollouts are asked again;
+- under torchrun, process 1 exits: torchrun (`--max-restarts=1`) starts the whole job again,
+  which resumes from the checkpoint the policy saves after every step (`--checkpoint-dir`):
+
+      torchrun --standalone --nproc_per_node=2 --max-restarts=1 examples/rl_pipeline.py \
+          --mode local --chaos --checkpoint-dir /tmp/rl-ckpt
 
 `--sync handoff` moves the weights with `sampler.load_weights(policy.get_weights())` instead (a
 LazyCollect hand-off: worker to worker through the object store on Ray, exchanged among the
@@ -102,6 +108,21 @@ class Policy:
         """Broadcast rank 0's weights to every member of the weights group (the other policy
         ranks take part and receive the same values they already hold)."""
         collective(WEIGHTS).broadcast(weight_tensors(self.net), src=0)
+
+    @remote_function(dispatch="all", execute="first", collect="first")
+    def save_checkpoint(self, path: str, driver_state: dict) -> None:
+        """The policy's weights and optimizer state with the driver's own state (the steps
+        done), in one file written whole (`os.replace`): a job killed while writing keeps the
+        previous checkpoint, never half of one."""
+        state = {"net": self.net.state_dict(), "opt": self.opt.state_dict(), **driver_state}
+        torch.save(state, f"{path}.tmp")
+        os.replace(f"{path}.tmp", path)
+
+    @remote_function(dispatch="all", collect="none")
+    def load_checkpoint(self, path: str) -> None:
+        state = torch.load(path, weights_only=False)
+        self.net.load_state_dict(state["net"])
+        self.opt.load_state_dict(state["opt"])
 
     @remote_function(dispatch="slice_dp", collect="mean")
     def train_step(self, batch: dict) -> float:
@@ -255,11 +276,21 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument(
         "--chaos",
         action="store_true",
-        help="(ray) SIGKILL a sampler worker halfway; the group restarts and the run goes on",
+        help="kill a worker halfway (ray: a sampler worker, restarted by twinkle; local: "
+        "process 1, restarted by torchrun --max-restarts with --checkpoint-dir)",
+    )
+    parser.add_argument(
+        "--checkpoint-dir",
+        default=None,
+        help="save the policy after every step here, and resume from it when present",
     )
     args = parser.parse_args(argv)
-    if args.chaos and args.mode != "ray":
-        parser.error("--chaos needs --mode ray: only Ray restarts a group's workers")
+    if args.chaos and args.mode not in ("ray", "local"):
+        parser.error("--chaos needs --mode ray or --mode local: in-process has no worker to kill")
+    if args.chaos and args.mode == "local" and not args.checkpoint_dir:
+        parser.error("--chaos under torchrun needs --checkpoint-dir to resume from")
+    # torchrun's restart count: 0 on the first attempt, n after n restarts (--max-restarts).
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
     # Collectives inside user code need real processes. In-process, the policy has one worker
     # that sees the whole batch: the same numbers as two data-parallel workers whose gradients
@@ -276,19 +307,37 @@ def main(argv: list[str] | None = None) -> list[dict]:
         notifier=args.notifier,
         name=f"rl-demo-{args.mode}",
     )
-    table = []
-    checkpoints = tempfile.mkdtemp(prefix="rl-sampler-") if args.chaos else None
+    table: list[dict] = []
+    first_step = 0
+    checkpoint = None
+    if args.checkpoint_dir:
+        os.makedirs(args.checkpoint_dir, exist_ok=True)
+        checkpoint = os.path.join(args.checkpoint_dir, "policy.pt")
+    sampler_dir = (
+        tempfile.mkdtemp(prefix="rl-sampler-") if args.chaos and args.mode == "ray" else None
+    )
     try:
         policy = Policy(2.0, args.ballast_mib, remote_group="policy")
         reference = Reference(args.ballast_mib, remote_group="policy")  # colocated
-        sampler = Sampler(args.ballast_mib, checkpoints, remote_group="sampler")
+        sampler = Sampler(args.ballast_mib, sampler_dir, remote_group="sampler")
         processor = RewardProcessor(args.seed, remote_group="processor")
         if is_main_process():
             print(get_device_placement(), flush=True)
         if args.sync == "collective":
             # One group over the policy's and the sampler's workers (policy ranks first).
             collective_group(WEIGHTS, [policy, sampler])
-        for step in range(args.steps):
+        if checkpoint is not None and os.path.exists(checkpoint):
+            # A restarted job (torchrun --max-restarts) goes on after the last step it saved.
+            saved = torch.load(checkpoint, weights_only=False)
+            policy.load_checkpoint(checkpoint)()
+            table, first_step = saved["table"], saved["step"] + 1
+            if is_main_process():
+                print(f"attempt {attempt}: resuming after step {saved['step']}", flush=True)
+        for step in range(first_step, args.steps):
+            if args.chaos and args.mode == "local" and attempt == 0 and step == args.steps // 2:
+                if os.environ.get("RANK") == "1":
+                    print(f"step {step:2d}  chaos: process 1 exits", flush=True)
+                    os._exit(3)  # torchrun stops process 0 and starts the job again
             started = time.perf_counter()
             if args.sync == "collective":
                 # The source's call first (under torchrun and in-process the calls run one
@@ -300,11 +349,16 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 loaded = sampler.load_weights(policy.get_weights())
             loaded()
             sync_s = time.perf_counter() - started
-            if args.chaos and step == args.steps // 2:
+            if args.chaos and args.mode == "ray" and step == args.steps // 2:
                 pid = kill_a_worker("sampler", 1)
                 print(f"step {step:2d}  chaos: SIGKILLed sampler rank 1 (pid {pid})", flush=True)
             # Lazy results flow between groups; nothing waits until a value is needed.
-            rollouts = sample(sampler, make_prompts(step, args.batch), step, retry=args.chaos)
+            rollouts = sample(
+                sampler,
+                make_prompts(step, args.batch),
+                step,
+                retry=args.chaos and args.mode == "ray",
+            )
             scored = processor.score(rollouts)
             rewards = np.array([r[3] for r in scored()], dtype=np.float32)
             batch = {
@@ -322,6 +376,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 "sync_s": sync_s,
             }
             table.append(row)
+            if checkpoint is not None:
+                # Every process passes the same state (its own timings stay out of it).
+                done = [{**r, "sync_s": None} for r in table]
+                policy.save_checkpoint(checkpoint, {"step": step, "table": done})()
             if is_main_process():
                 print(
                     f"step {step:2d}  loss {row['loss']:+.6f}  reward {row['reward']:.3f}  "

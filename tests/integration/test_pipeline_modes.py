@@ -32,6 +32,17 @@ COMMANDS = {
     "ray": [sys.executable, str(EXAMPLE), "--mode", "ray"],
     # A sampler worker SIGKILLed halfway (issue 28, item 6).
     "ray_chaos": [sys.executable, str(EXAMPLE), "--mode", "ray", "--chaos"],
+    # Process 1 exits halfway; torchrun starts the job again, which resumes (issue 28, item 5).
+    "local_chaos": [
+        *TORCHRUN,
+        "--max-restarts=1",
+        str(EXAMPLE),
+        "--mode",
+        "local",
+        "--chaos",
+        "--checkpoint-dir",
+        "{tmp}",
+    ],
 }
 
 
@@ -40,8 +51,10 @@ def _mode_run(mode: str):
     the background from the session's start (tests/_support/prestart.py)."""
 
     def run_mode(tmp_path_factory):
-        path = tmp_path_factory.mktemp("pipeline") / f"{mode}.json"
-        stdout = run([*COMMANDS[mode], "--steps", STEPS, "--out", str(path)])
+        tmp = tmp_path_factory.mktemp("pipeline")
+        path = tmp / f"{mode}.json"
+        command = [arg.replace("{tmp}", str(tmp / "checkpoints")) for arg in COMMANDS[mode]]
+        stdout = run([*command, "--steps", STEPS, "--out", str(path)])
         return json.loads(path.read_text())["steps"], stdout
 
     run_mode.__name__ = f"{mode}_run"
@@ -52,6 +65,7 @@ inprocess_run = _mode_run("inprocess")
 local_run = _mode_run("local")
 ray_run = _mode_run("ray")
 ray_chaos_run = _mode_run("ray_chaos")
+local_chaos_run = _mode_run("local_chaos")
 
 
 @pytest.fixture(scope="module")
@@ -96,6 +110,24 @@ def test_a_run_whose_sampler_worker_is_killed_halfway_ends_with_the_same_losses(
     assert stdout.count("twinkle: group 'sampler' restarted as generation 1") == 1, stdout[-3000:]
     reference = inprocess_run[0]
     assert len(steps) == len(reference) == int(STEPS)
+    for ref, row in zip(reference, steps, strict=True):
+        assert row["reward"] == pytest.approx(ref["reward"], abs=1e-9), row["step"]
+        assert row["loss"] == pytest.approx(ref["loss"], rel=1e-5, abs=1e-6), row["step"]
+
+
+def test_a_torchrun_job_restarted_after_a_process_exits_resumes_with_the_same_losses(
+    inprocess_run, local_chaos_run
+):
+    """`torchrun --max-restarts=1 ... --chaos --checkpoint-dir`: process 1 exits at the start
+    of step 2 on the first attempt; torchrun starts the whole job again (its default group
+    forms again: issue 28, item 5), which resumes after the last step it saved, and the table
+    (saved steps, then resumed ones) equals an uninterrupted run's."""
+    steps, stdout = local_chaos_run
+    half = int(STEPS) // 2
+    assert f"step  {half}  chaos: process 1 exits" in stdout
+    assert f"attempt 1: resuming after step {half - 1}" in stdout, stdout[-3000:]
+    reference = inprocess_run[0]
+    assert [r["step"] for r in steps] == list(range(int(STEPS)))
     for ref, row in zip(reference, steps, strict=True):
         assert row["reward"] == pytest.approx(ref["reward"], abs=1e-9), row["step"]
         assert row["loss"] == pytest.approx(ref["loss"], rel=1e-5, abs=1e-6), row["step"]
