@@ -16,6 +16,7 @@ import time
 
 import numpy as np
 import pytest
+import ray
 import ray.cloudpickle
 from _support.processes import alive
 
@@ -97,6 +98,21 @@ class Restarts:
         self.seen.append((group, generation, cause))
 
 
+def _leftovers() -> tuple[list, list]:
+    """Placement groups and actors of this module's run that Ray still holds."""
+    pgs = [
+        p["name"]
+        for p in ray.util.placement_group_table().values()
+        if p["name"].startswith("restarts-test") and p["state"] != "REMOVED"
+    ]
+    actors = [
+        a["name"]
+        for a in ray.util.list_named_actors(all_namespaces=True)
+        if a["name"].startswith("restarts-test")
+    ]
+    return pgs, actors
+
+
 def run_hook_seen(hook: Restarts) -> list[tuple[str, int, str]]:
     return list(hook.seen)
 
@@ -150,6 +166,16 @@ def run(cluster, tmp_path):
     while time.monotonic() < deadline and any(alive(p) for p in pids):
         time.sleep(0.2)
     assert not [p for p in pids if alive(p)], "workers outlived shutdown()"
+    # Nor do its placement groups and actors (rebuilt ones included).
+    ray.init(address=cluster.address)
+    try:
+        left = _leftovers()
+        while time.monotonic() < deadline and left != ([], []):
+            time.sleep(0.2)
+            left = _leftovers()
+        assert left == ([], []), left
+    finally:
+        ray.shutdown()
     # Every restart the hook saw is a span of its group's health track in the trace.
     events = json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
     restarts = [

@@ -141,6 +141,7 @@ class RayWorkerGroup(WorkerGroup):
         state["_methods"] = {}
         state["restarter"] = None
         state["health"] = None
+        state["hosts"] = None  # driver-side only (and holds a lock)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
