@@ -17,6 +17,7 @@ from twinkle_core.testing import (
     NOT_APPLICABLE,
     PASSED,
     BackendConformance,
+    CheckFailed,
     CheckResult,
     conformance_checks,
     main,
@@ -28,12 +29,25 @@ from twinkle_core.testing.runner import same
 
 from .plugin_factory import make_plugin
 
-# Two backends broken on purpose, built on the in-process one: one sums where a mean is asked,
-# one runs execute='first' calls on every worker.
+# Backends broken on purpose, built on the in-process one: one sums where a mean is asked, one
+# runs execute='first' calls on every worker, one lets an unsendable argument fail as copy's bare
+# TypeError, one hands numpy arrays to a torch-only collective; and one without collective groups.
 BROKEN = """
+import copy
+
+import numpy as np
+
 from twinkle_core import hookimpl
 from twinkle_core.inprocess import InProcessBackend
-from twinkle_core.plugin import CompletedCall, SumCollector, WorkerCall, WorkerGroup
+from twinkle_core.plugin import (
+    Collective,
+    CompletedCall,
+    ExecutionBackend,
+    SumCollector,
+    WorkerCall,
+    WorkerGroup,
+    as_tensor_list,
+)
 
 
 class Wrapped(WorkerGroup):
@@ -79,10 +93,70 @@ class FirstOnAll(InProcessBackend):
         return FirstOnAllGroup(super().create_workers(*args, **kwargs))
 
 
+# Copies every call's arguments with plain deepcopy: an unsendable one is copy's bare TypeError
+# (in-process before issue 30, item 8; torchrun too).
+class RawCopyGroup(Wrapped):
+    def submit(self, call):
+        for one in call.calls:
+            copy.deepcopy((one.args, one.kwargs))
+        return self.inner.submit(call)
+
+
+class RawCopyError(InProcessBackend):
+    name = "raw-copy-error"
+
+    def create_workers(self, *args, **kwargs):
+        return RawCopyGroup(super().create_workers(*args, **kwargs))
+
+
+# A member handing numpy arrays straight to torch.distributed (Ray before issue 30, item 3):
+# torch's raw TypeError.
+class TorchOnlyMember(Collective):
+    def __init__(self, inner):
+        super().__init__(inner.spec, inner.rank)
+        self.inner = inner
+
+    def broadcast(self, tensors, src=0):
+        if any(isinstance(t, np.ndarray) for t in as_tensor_list(tensors, "tensors")):
+            raise TypeError(
+                "Expected parameter tensor of type torch.Tensor but got numpy.ndarray"
+            )
+        return self.inner.broadcast(tensors, src)
+
+    def all_reduce(self, tensors, op="sum"):
+        return self.inner.all_reduce(tensors, op)
+
+    def all_gather(self, tensor):
+        return self.inner.all_gather(tensor)
+
+    def barrier(self):
+        self.inner.barrier()
+
+
+class TorchOnlyCollectives(InProcessBackend):
+    name = "torch-only-collectives"
+
+    def create_collective_group(self, group, workers):
+        super().create_collective_group(group, workers)
+        for w in workers:
+            for state in w.states:
+                inner = state.context.collectives[group.name]
+                state.context.collectives[group.name] = TorchOnlyMember(inner)
+
+
+# A backend without collective groups (the hook is optional).
+class NoCollectives(InProcessBackend):
+    name = "no-collectives"
+    create_collective_group = ExecutionBackend.create_collective_group
+
+
 @hookimpl
 def register_backends(register):
     register("sum-for-mean", SumForMean)
     register("first-on-all", FirstOnAll)
+    register("raw-copy-error", RawCopyError)
+    register("torch-only-collectives", TorchOnlyCollectives)
+    register("no-collectives", NoCollectives)
 """
 
 # A stand-in launcher: starts `python SCRIPT ARGS...` once per rank with RANK and WORLD_SIZE set,
@@ -141,6 +215,8 @@ def test_the_kit_has_at_least_twenty_named_checks():
         "error_value_error", "error_key_error", "error_os_error", "error_two_arg_init",
         "error_unpicklable_attribute", "timeout_per_method", "dispatch_wrong_share_count",
         "mesh_dp2_tp2_slice_dp", "mesh_dp2_tp2_reductions", "mesh_accessors",
+        "error_unsendable_argument", "wait_num_returns", "wait_loop_each_result_once",
+        "collective_numpy_broadcast",
     ):  # fmt: skip
         assert needed in names
     worlds = {c.name: c.world_size for c in checks}
@@ -262,6 +338,89 @@ def test_a_plugin_registered_at_run_time_is_checked_in_process(
     outcomes = {r.name: r.outcome for r in report.results}
     assert outcomes == {"execute_first_collect_none": FAILED, "collect_sum": PASSED}
     assert not report.ok
+
+
+@pytest.fixture
+def broken_in_process(tmp_path, monkeypatch, fresh_plugins):
+    """The broken backends registered in this process (checked with `run_checks`)."""
+    (tmp_path / "twinkle_broken_in_process.py").write_text(BROKEN)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop("twinkle_broken_in_process", None)
+    plugin_system().add(importlib.import_module("twinkle_broken_in_process"), "broken_in_process")
+
+
+def test_the_kit_fails_an_unsendable_argument_that_is_a_bare_type_error(broken_in_process):
+    """Issue 30, item 8: what in-process and torchrun raised before, copy's bare TypeError."""
+    report = run_checks("raw-copy-error", select=["error_unsendable_argument", "collect_sum"])
+    outcomes = {r.name: r.outcome for r in report.results}
+    assert outcomes == {"error_unsendable_argument": FAILED, "collect_sum": PASSED}
+    assert report.failed[0].detail.startswith(
+        "take(Unsendable()) (an object holding a threading.Lock): expected ConfigurationError "
+        "naming 'Probe.take: argument 0', got TypeError: \"cannot pickle '_thread.lock' object\""
+    ), report.failed[0].detail
+
+
+def test_the_kit_fails_collectives_that_refuse_numpy_arrays(broken_in_process):
+    """Issue 30, item 3: what Ray raised before, torch's TypeError for a numpy array."""
+    report = run_checks("torch-only-collectives", select=["collective_numpy_broadcast"])
+    [result] = report.results
+    assert result.outcome == FAILED
+    assert result.detail.startswith("raised TypeError: "), result.detail
+    assert "Expected parameter tensor of type torch.Tensor but got numpy.ndarray" in result.detail
+
+
+def test_a_backend_without_collective_groups_is_not_applicable_never_passed(broken_in_process):
+    report = run_checks("no-collectives", select=["collective_numpy_broadcast", "collect_sum"])
+    outcomes = {r.name: r.outcome for r in report.results}
+    assert outcomes == {"collective_numpy_broadcast": NOT_APPLICABLE, "collect_sum": PASSED}
+    assert report.not_applicable[0].detail.startswith(
+        "mode 'no-collectives' has no collective groups"
+    )
+    assert report.ok and report.summary_line() == "1 passed, 0 failed, 1 not applicable"
+
+
+def test_a_backend_sharing_the_drivers_objects_cannot_fail_to_send_an_argument():
+    report = run_checks(
+        "inprocess", options={"isolate": False}, select=["error_unsendable", "collect_sum"]
+    )
+    outcomes = {r.name: r.outcome for r in report.results}
+    assert outcomes == {"error_unsendable_argument": NOT_APPLICABLE, "collect_sum": PASSED}
+    assert "hands workers the driver's own objects" in report.not_applicable[0].detail
+
+
+def test_the_kit_fails_a_wait_returning_every_finished_call(monkeypatch):
+    """Issue 30, item 5: `wait` as it was, every finished call done whatever num_returns."""
+    from twinkle_core.testing import checks
+
+    def every_finished(lazies, num_returns=1, timeout=None):
+        items = list(lazies)
+        while sum(x.done() for x in items) < num_returns:
+            time.sleep(0.005)
+        return [x for x in items if x.done()], [x for x in items if not x.done()]
+
+    monkeypatch.setattr(checks, "wait", every_finished)
+    report = run_checks("inprocess", select=["wait_"])
+    details = {r.name: r.detail for r in report.failed}
+    assert set(details) == {"wait_num_returns", "wait_loop_each_result_once"}, report.lines()
+    assert details["wait_num_returns"].endswith(
+        "num_returns=1): positions [done, pending]: expected [[0], [1, 2]], got [[0, 1, 2], []]"
+    )
+    assert details["wait_loop_each_result_once"].endswith("expected [1, 1, 1, 1, 1, 1], got [6]")
+
+
+def test_the_base_class_fails_a_not_applicable_check_unless_expected():
+    [check] = [c for c in conformance_checks() if c.name == "error_unsendable_argument"]
+
+    class Sharing(BackendConformance):
+        mode = "inprocess"
+        options = {"isolate": False}
+
+    class SharingKnown(Sharing):
+        expected_not_applicable = ("error_unsendable_argument",)
+
+    with pytest.raises(CheckFailed, match="error_unsendable_argument: not applicable: mode"):
+        Sharing().test_conformance(check, None)
+    SharingKnown().test_conformance(check, None)
 
 
 # ----------------------------------------------------------------------------- the launcher side

@@ -267,7 +267,7 @@ def test_group_health_is_a_track_of_its_group_and_the_summary_reports_each_resta
         (3500, "dead", 1, 2, "rank 0 died; restart as generation 2 failed"),
     ]:
         rec.group_health(GroupState("g", state, gen, restarts, 2, cause))
-        rec.health[-1] = rec.health[-1][:6] + (t + at * ms,)
+        rec.health[-1] = (*rec.health[-1][:6], t + at * ms)
     rec.write()
     events = json.loads(path.read_text())["traceEvents"]
     group_pid = {v: k for k, v in _meta(events, "process_name").items()}["group g"]

@@ -26,6 +26,7 @@ from .backend import (
 )
 from .collective import CollectiveGroup, MemberHub
 from .context import WorkerContext
+from .copying import copy_arguments
 from .device_group import DeviceGroup
 from .device_mesh import DeviceMesh
 from .errors import ConfigurationError
@@ -98,7 +99,7 @@ class InProcessWorkerGroup(WorkerGroup):
                 args, kwargs = (call.args, call.kwargs)
                 if self.isolate:
                     memo = handed.memo(call.rank) if handed is not None else None
-                    args, kwargs = _copied(args, kwargs, memo, self.class_name, method)
+                    args, kwargs = copy_arguments(args, kwargs, memo, f"{self.class_name}.{method}")
                 with self.states[call.rank].activate(restore=False):
                     ok, value = run_method(
                         self.instances[call.rank], method, args, kwargs, rank=call.rank, node=node
@@ -109,27 +110,6 @@ class InProcessWorkerGroup(WorkerGroup):
                 originals.append(value)
                 results.append(copy.deepcopy(value) if self.isolate else value)
         return InProcessCall(results, failures, originals)
-
-
-def _copied(args: tuple, kwargs: dict, memo: Any, class_name: str, method: str) -> tuple:
-    """The worker's private copy of a call's arguments (`isolate`), as a real transport would
-    make one; an argument that cannot be copied is a `ConfigurationError` naming it, the same
-    shape Ray's is (`Class.method: argument N (type) cannot be ...`), never copy's bare error."""
-    try:
-        return copy.deepcopy((args, kwargs), memo)
-    except Exception as exc:
-        named = [(f"argument {i}", v) for i, v in enumerate(args)]
-        named += [(f"argument {k!r}", v) for k, v in kwargs.items()]
-        for where, value in named:
-            try:
-                copy.deepcopy(value)
-            except Exception:
-                raise ConfigurationError(
-                    f"{class_name}.{method}: {where} ({type(value).__name__}) cannot be copied "
-                    f"to a worker ({type(exc).__name__}: {exc}). Values are not shown; pass "
-                    "plain data or create the object in the worker"
-                ) from None
-        raise
 
 
 class InProcessCall(CompletedCall):
@@ -214,7 +194,11 @@ class InProcessBackend(ExecutionBackend):
                 mode=self.name,
             )
             # A fresh worker process starts from the run's seed; so does each instance.
-            a, k = copy.deepcopy((args, kwargs)) if self.isolate else (args, kwargs)
+            a, k = (
+                copy_arguments(args, kwargs, {}, f"{cls.__name__}.__init__")
+                if self.isolate
+                else (args, kwargs)
+            )
             with self.lock:
                 instance, state = WorkerState.construct(
                     cls, a, k, ctx, seed=config.seed, full_determinism=config.full_determinism

@@ -48,6 +48,7 @@ from .collective import (
     check_src,
 )
 from .context import WorkerContext, set_process_worker_context, worker_context
+from .copying import copy_arguments
 from .dispatch import BUILTIN_DISPATCHERS as _BUILTIN_DISPATCHERS
 from .dispatch import Dispatcher
 from .distributed import as_timeout, resolve_platform
@@ -132,6 +133,7 @@ __all__ = [
     "check_src",
     "class_options",
     "combine",
+    "copy_arguments",
     "detect_platform",
     "exit_error",
     "explain_transport",

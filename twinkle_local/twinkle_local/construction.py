@@ -8,12 +8,11 @@ worker could not be built every process raises the same error, naming the rank t
 
 from __future__ import annotations
 
-import copy
 import os
 from typing import Any
 
 from twinkle_core import DeviceGroup, DeviceMesh, WorkerContext, WorkerDiedError
-from twinkle_core.plugin import WorkerPlacement, WorkerState, worker_failure
+from twinkle_core.plugin import WorkerPlacement, WorkerState, copy_arguments, worker_failure
 
 from .calls import LocalPendingCall
 from .session import Session
@@ -75,8 +74,12 @@ def construct(
 ) -> tuple[Any, WorkerState | None, Any]:
     """Build this process's instance from the run's seed, with its own generators:
     (instance, state, None), or (None, None, the WorkerFailure)."""
-    a, k = copy.deepcopy((args, kwargs)) if session.isolate else (args, kwargs)
     try:
+        a, k = (
+            copy_arguments(args, kwargs, {}, f"{cls.__name__}.__init__")
+            if session.isolate
+            else (args, kwargs)
+        )
         instance, state = WorkerState.construct(
             cls, a, k, context, seed=config.seed, full_determinism=config.full_determinism
         )

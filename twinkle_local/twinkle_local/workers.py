@@ -34,6 +34,7 @@ from twinkle_core.plugin import (
     WorkerState,
     builtin_hand_off,
     call_mesh,
+    copy_arguments,
     exit_error,
     hand_off_value,
     method_options,
@@ -229,7 +230,7 @@ class LocalWorkerGroup(WorkerGroup):
             # Tensors a hand-off delivered are this call's already (unless it writes in place).
             keep = shared is not None and not self.method_transport(method)[1]
             memo = shared.memo() if keep and shared is not None else {}
-            args, kwargs = copy.deepcopy((args, kwargs), memo)
+            args, kwargs = copy_arguments(args, kwargs, memo, f"{self.class_name}.{method}")
         timeout = self.method_timeout(method)
         rng = host.rng
         party = self.party

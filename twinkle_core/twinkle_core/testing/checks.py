@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import threading
 import time
 from typing import Any
@@ -24,13 +25,27 @@ from twinkle_core import (
     CallTimeoutError,
     ConfigurationError,
     DeviceMesh,
+    collective,
+    collective_group,
     get_worker_context,
     remote_class,
     remote_function,
+    wait,
 )
 
-from ..plugin import Dispatcher
-from .runner import Check, CheckFailed, Session, expect, expect_raises, expect_true, notes_of, show
+from ..plugin import Dispatcher, ExecutionBackend, get_plugin
+from .runner import (
+    Check,
+    CheckFailed,
+    NotApplicable,
+    Session,
+    expect,
+    expect_raises,
+    expect_true,
+    notes_of,
+    same,
+    show,
+)
 
 # ----------------------------------------------------------------------------- call sites
 # Core names the user's own line in a failure (`[twinkle driver caller: FILE:LINE]`) and skips
@@ -216,6 +231,61 @@ class Probe:
     @remote_function(dispatch="all", collect="none")
     def received(self, value):
         return value
+
+    @remote_function(dispatch="all", collect="first")
+    def napped(self, seconds, value):
+        time.sleep(seconds)
+        return value
+
+    @remote_function(dispatch="all", collect="none")
+    def take(self, value):
+        # Whether this worker got the driver's very object (only where it runs in the driver's
+        # process and the backend shares the driver's objects instead of sending copies).
+        return [_rank(), any(value is sent for sent in _UNSENDABLE)]
+
+
+#: The unsendable arguments as the driver made them, in the driver's process (see `Probe.take`).
+_UNSENDABLE: list[Any] = []
+
+#: What `repr()` of an `Unsendable` gives: an error about it must not show it (values may be
+#: secrets; errors name the argument and its type).
+UNSENDABLE_REPR = "Unsendable(value-not-to-be-shown)"
+
+
+class Unsendable:
+    """An argument no transport can send to a worker: it holds a lock, which neither pickles nor
+    deep-copies."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return UNSENDABLE_REPR
+
+
+@remote_class()
+class WeightHolder:
+    """A collective group member holding numpy weights: a float32 vector and an int64 matrix,
+    different on every member (`offset` tells objects apart, the worker rank their workers)."""
+
+    def __init__(self, offset):
+        base = offset + 100 * _rank()
+        self.w = np.arange(4, dtype=np.float32) + base
+        self.b = np.arange(6, dtype=np.int64).reshape(2, 3) + base
+
+    @remote_function(dispatch="all", collect="none")
+    def push(self, name):
+        c = collective(name)
+        given = [self.w, self.b]
+        out = c.broadcast(given, src=0)
+        return [
+            c.rank,
+            c.world_size,
+            [type(x).__name__ for x in out],
+            [x is y for x, y in zip(out, given, strict=False)] + [len(out)],
+            [type(self.w).__name__, str(self.w.dtype), list(self.w.shape), self.w.tolist()],
+            [type(self.b).__name__, str(self.b.dtype), list(self.b.shape), self.b.tolist()],
+        ]
 
 
 @remote_class()
@@ -987,6 +1057,221 @@ def check_mesh_dp2_tp2_reductions(run: Session) -> None:
     )
 
 
+# --------------------------------------------------------------------- collective groups (numpy)
+#: The collective group the numpy check forms (names are unique within a run).
+NUMPY_GROUP = "twinkle-conformance-numpy"
+
+
+def check_collective_numpy_broadcast(run: Session) -> None:
+    backend = get_plugin("backends", run.mode)
+    if (
+        getattr(backend, "create_collective_group", None)
+        is ExecutionBackend.create_collective_group
+    ):
+        raise NotApplicable(
+            f"mode {run.mode!r} has no collective groups (its backend does not implement "
+            "ExecutionBackend.create_collective_group, which is optional)"
+        )
+    sender = WeightHolder(0, remote_group="two")
+    receiver = WeightHolder(1000, remote_group="one")
+    group = collective_group(NUMPY_GROUP, [sender, receiver], timeout=120)
+    expect(
+        "collective_group(...) over a 2-worker and a 1-worker object: [world_size, ranks_of]",
+        [group.world_size, group.ranks_of(sender), group.ranks_of(receiver)],
+        [3, [0, 1], [2]],
+    )
+    # The source's call first (where members share a process they run one after another,
+    # docs/data.md), both issued before either is waited for (where every member is a process
+    # of its own they broadcast together).
+    sent = sender.push(NUMPY_GROUP)
+    received = receiver.push(NUMPY_GROUP)
+    # Every member ends with member 0's (sender rank 0's) arrays, still numpy of its own dtype
+    # and shape, and broadcast returns the very arrays it was given.
+    rows = sent() + received()
+    expect(
+        "[member rank, world size] of sender.push() and receiver.push()",
+        [row[:2] for row in rows],
+        [[0, 3], [1, 3], [2, 3]],
+    )
+    for row in rows:
+        member = f"member {row[0]}, after broadcast([w, b], src=0) of numpy arrays"
+        expect(f"{member}: the types broadcast returned", row[2], ["ndarray", "ndarray"])
+        expect(
+            f"{member}: whether broadcast returned the very arrays given, and how many",
+            row[3],
+            [True, True, 2],
+        )
+        expect(
+            f"{member}: its float32 weights w [type, dtype, shape, values]",
+            row[4],
+            ["ndarray", "float32", [4], [0.0, 1.0, 2.0, 3.0]],
+        )
+        expect(
+            f"{member}: its int64 weights b [type, dtype, shape, values]",
+            row[5],
+            ["ndarray", "int64", [2, 3], [[0, 1, 2], [3, 4, 5]]],
+        )
+
+
+# --------------------------------------------------------------------- wait
+def _positions(what: str, got: list, calls: list) -> list[int]:
+    """Where each of `got` is in `calls`, by identity."""
+    out = []
+    for item in got:
+        found = [i for i, c in enumerate(calls) if c is item]
+        if len(found) != 1:
+            raise CheckFailed(f"{what}: returned {show(item)}, which is not one of the calls given")
+        out.append(found[0])
+    return out
+
+
+def _waited(what: str, calls: list, num_returns: int) -> list[list[int]]:
+    """`wait(calls, num_returns)` as [done positions, pending positions] in `calls`."""
+    done, pending = wait(calls, num_returns=num_returns, timeout=120)
+    return [_positions(what, done, calls), _positions(what, pending, calls)]
+
+
+#: Seconds the slow call of `check_wait_num_returns` sleeps.
+NAP = 1.5
+
+
+def check_wait_num_returns(run: Session) -> None:
+    two = run.shared(Probe, "two")
+    other = run.shared(Probe, "other")
+    # Three calls, all finished: at most num_returns of them are done, in the order given (all
+    # seen finishing in the same round), and every other one is pending, finished or not.
+    calls = [two.napped(0.0, i) for i in range(3)]
+    expect(
+        "wait(3 calls, num_returns=3): [done, pending]", _waited("wait", calls, 3), [[0, 1, 2], []]
+    )
+    for k, expected in ((1, [[0], [1, 2]]), (2, [[0, 1], [2]]), (0, [[], [0, 1, 2]])):
+        expect(
+            f"wait(3 finished calls, num_returns={k}): positions [done, pending]",
+            _waited("wait", calls, k),
+            expected,
+        )
+    expect("the calls' values", [c() for c in calls], [0, 1, 2])
+    expect("wait(3 collected calls, num_returns=1)", _waited("wait", calls, 1), [[0], [1, 2]])
+    # Completion order: a 1.5 s call issued first (on 'other'), a quick one second (on 'two').
+    started = time.monotonic()
+    slow = other.napped(NAP, "slow")
+    issued = time.monotonic() - started
+    fast = two.napped(0.0, "fast")
+    got = _waited("wait([slow, fast], num_returns=1)", [slow, fast], 1)
+    took = time.monotonic() - started
+    if took < NAP:
+        # Returned before the slow call could have finished: the quick one is done, alone.
+        expect("wait([slow, fast], num_returns=1) while slow still runs", got, [[1], [0]])
+        expect("wait([slow], num_returns=1) then", _waited("wait", [slow], 1), [[0], []])
+    elif issued >= NAP:
+        # The backend ran the slow call as it was issued: it finished before the quick one was
+        # issued, so it comes first.
+        expect("wait([slow, fast], num_returns=1) after slow ran as issued", got, [[0], [1]])
+    else:  # too slow a machine to tell the order: one done, the other pending
+        expect_true("one call done and the other pending", sorted(got) == [[0], [1]], got)
+    expect("the slow and the quick call's values", [slow(), fast()], ["slow", "fast"])
+
+
+def check_wait_loop_each_result_once(run: Session) -> None:
+    two = run.shared(Probe, "two")
+    other = run.shared(Probe, "other")
+    naps = [0.2, 0.0, 0.1, 0.0, 0.05, 0.0]
+    for k in (1, 2):
+        calls = [
+            (other if i % 2 == 0 else two).napped(nap, 10 * k + i) for i, nap in enumerate(naps)
+        ]
+        pending = list(calls)
+        ready_sizes: list[int] = []
+        values: list[Any] = []
+        positions: list[int] = []
+        while pending and len(ready_sizes) < len(calls):
+            ready, pending = wait(pending, num_returns=min(k, len(pending)), timeout=120)
+            ready_sizes.append(len(ready))
+            positions += _positions("wait(pending, ...)", ready, calls)
+            values += [x() for x in ready]
+        expect(
+            f"ready, pending = wait(pending, num_returns={k}) in a loop over 6 calls: the size of "
+            "each round's ready",
+            ready_sizes,
+            [k] * (6 // k),
+        )
+        expect(
+            f"every call ready exactly once (num_returns={k})", sorted(positions), list(range(6))
+        )
+        expect(
+            f"every result collected exactly once (num_returns={k})",
+            sorted(values),
+            [10 * k + i for i in range(6)],
+        )
+
+
+# --------------------------------------------------------------------- arguments
+def _expect_names_argument(what: str, exc: BaseException, pattern: str, argument: str) -> None:
+    message = str(exc)
+    expect_true(
+        f"{what}: a ConfigurationError naming {argument} as 'Probe.take: {argument}'",
+        re.search(pattern, message) is not None,
+        message,
+    )
+    expect_true(
+        f"{what}: a message without the value's repr {UNSENDABLE_REPR!r}",
+        UNSENDABLE_REPR not in message and " object at 0x" not in message,
+        message,
+    )
+
+
+def check_error_unsendable_argument(run: Session) -> None:
+    probe = run.shared(Probe, "two")
+    holder, lock = Unsendable(), threading.Lock()
+    cases = [
+        (
+            "take(Unsendable()) (an object holding a threading.Lock)",
+            lambda: probe.take(holder)(),
+            r"Probe\.take: argument 0\b",
+            "argument 0",
+        ),
+        (
+            "take(value=threading.Lock())",
+            lambda: probe.take(value=lock)(),
+            r"Probe\.take: (keyword )?argument 'value'",
+            "argument 'value'",
+        ),
+    ]
+    shared = []
+    _UNSENDABLE[:] = [holder, lock]
+    try:
+        for what, call, pattern, argument in cases:
+            try:
+                value = call()
+            except ConfigurationError as exc:
+                _expect_names_argument(what, exc, pattern, argument)
+                continue
+            except Exception as exc:
+                raise CheckFailed(
+                    f"{what}: expected ConfigurationError naming 'Probe.take: {argument}', got "
+                    f"{type(exc).__qualname__}: {show(str(exc))}"
+                ) from exc
+            if not same(value, [[0, True], [1, True]]):
+                raise CheckFailed(
+                    f"{what}: expected ConfigurationError naming 'Probe.take: {argument}', got "
+                    f"the value {show(value)} ([rank, received the driver's own object])"
+                )
+            shared.append(what)
+    finally:
+        _UNSENDABLE.clear()
+    expect("take(5) after those calls", probe.take(5)(), [[0, False], [1, False]])
+    if shared:
+        expect_true(
+            "both calls refused, or both given the driver's own objects",
+            len(shared) == len(cases),
+            shared,
+        )
+        raise NotApplicable(
+            f"mode {run.mode!r} hands workers the driver's own objects (nothing is copied or "
+            "sent, e.g. isolate=False), so no argument fails to reach a worker"
+        )
+
+
 TWO = (("two", 2),)
 _CHECKS: tuple[Check, ...] = (
     Check(
@@ -1158,6 +1443,31 @@ _CHECKS: tuple[Check, ...] = (
         "call site; a later call still works",
         TWO,
         check_timeout_per_method,
+    ),
+    Check(
+        "error_unsendable_argument",
+        "an argument that cannot be sent to a worker is a ConfigurationError naming the method "
+        "and the argument, not its value; a later call works",
+        TWO,
+        check_error_unsendable_argument,
+    ),
+    Check(
+        "wait_num_returns",
+        "wait(calls, num_returns=k) gives at most k done, in completion order, the rest pending",
+        (("two", 2), ("other", 2)),
+        check_wait_num_returns,
+    ),
+    Check(
+        "wait_loop_each_result_once",
+        "ready, pending = wait(pending, num_returns=k) in a loop sees every call once",
+        (("two", 2), ("other", 2)),
+        check_wait_loop_each_result_once,
+    ),
+    Check(
+        "collective_numpy_broadcast",
+        "a collective group broadcasting numpy arrays: the same values and types in every mode",
+        (("two", 2), ("one", 1)),
+        check_collective_numpy_broadcast,
     ),
     Check(
         "mesh_dp2_tp2_slice_dp",

@@ -27,6 +27,12 @@ class CheckFailed(AssertionError):
     """A check saw something else than its written-down expectation; the message says both."""
 
 
+class NotApplicable(Exception):
+    """Raised by a check that cannot run on this backend, saying why: the backend lacks an
+    optional feature (collective groups), or the premise does not hold (a backend sharing the
+    driver's objects sends no argument anywhere). Reported as `not applicable`, never passed."""
+
+
 @dataclass(frozen=True)
 class Check:
     """One named conformance check.
@@ -275,6 +281,8 @@ def _run_in(session: Session, check: Check) -> CheckResult:
                 outcome, detail = FAILED, f"initialize failed: {_describe(exc)}"
         if outcome == PASSED:
             check.body(session)
+    except NotApplicable as exc:
+        outcome, detail = NOT_APPLICABLE, " ".join(str(exc).split())
     except CheckFailed as exc:
         outcome, detail = FAILED, " ".join(str(exc).split())
     except Exception as exc:
@@ -365,7 +373,7 @@ def run_checks(
                 record(run_check(check, mode, options=options))
                 continue
             result = _run_in(session, check)
-            if result.outcome != PASSED:
+            if result.outcome == FAILED:
                 result = _close(session, result)
                 session = Session(mode, groups, options)
             record(result)
