@@ -148,10 +148,11 @@ def test_core_only_ray_flag_fails_with_the_install_command(core_only):
     assert result.returncode == 1
     [problem] = json.loads(result.stdout)["problems"]
     assert "ray is not installed" in problem["problem"]
-    assert 'pip install "twinkle-core[ray]"' in problem["fix"]
+    assert problem["fix"].startswith('python scripts/install.py "twinkle-core[ray]" in a clone')
+    assert 'once the packages are published: pip install "twinkle-core[ray]"' in problem["fix"]
     text = run_core_only(core_only, "doctor", "--ray", "10.0.0.1:6379")
     assert text.returncode == 1
-    assert 'fix: pip install "twinkle-core[ray]"' in text.stdout
+    assert 'fix: python scripts/install.py "twinkle-core[ray]"' in text.stdout
 
 
 @pytest.mark.slow
@@ -161,8 +162,8 @@ def test_core_only_placement_notes_the_missing_platform(core_only, tmp_path):
     )
     result = run_core_only(core_only, "placement", str(tmp_path / "g.toml"))
     assert result.returncode == 0, result.stderr
-    assert "rank 1   node node0  device cuda:1" in result.stdout
-    assert 'pip install "twinkle-core[local]"' in result.stderr
+    assert "group rank 1   global rank 1   node node0  device cuda:1" in result.stdout
+    assert 'needs python scripts/install.py "twinkle-core[local]" in a clone' in result.stderr
 
 
 # --------------------------------------------------------------------------- this environment

@@ -64,22 +64,22 @@ TOPOLOGY = """\
 EXAMPLE_DRAWING = (
     TOPOLOGY
     + """\
-┌──────────────────────────────────────────────────────────┐
-│ twinkle placement groups.toml  nproc_per_node 8  nodes 1 │
-├──────────────────────────────────────────────────────────┤
-│ group model  cuda  ranks 0-3  workers 4                  │
-│   rank 0   node node0  device cuda:0                     │
-│   rank 1   node node0  device cuda:1                     │
-│   rank 2   node node0  device cuda:2                     │
-│   rank 3   node node0  device cuda:3                     │
-│                                                          │
-│ group processor  cpu  ranks 0-3  workers 4               │
-│   (cpu workers: the backend picks their nodes)           │
-│   rank 0   node -  device cpu                            │
-│   rank 1   node -  device cpu                            │
-│   rank 2   node -  device cpu                            │
-│   rank 3   node -  device cpu                            │
-└──────────────────────────────────────────────────────────┘"""
+┌────────────────────────────────────────────────────────────┐
+│ twinkle placement groups.toml  nproc_per_node 8  nodes 1   │
+├────────────────────────────────────────────────────────────┤
+│ group model  cuda  ranks 0-3  workers 4                    │
+│   group rank 0   global rank 0   node node0  device cuda:0 │
+│   group rank 1   global rank 1   node node0  device cuda:1 │
+│   group rank 2   global rank 2   node node0  device cuda:2 │
+│   group rank 3   global rank 3   node node0  device cuda:3 │
+│                                                            │
+│ group processor  cpu  ranks 0-3  workers 4                 │
+│   (cpu workers: the backend picks their nodes)             │
+│   group rank 0   global rank 0   node -  device cpu        │
+│   group rank 1   global rank 1   node -  device cpu        │
+│   group rank 2   global rank 2   node -  device cpu        │
+│   group rank 3   global rank 3   node -  device cpu        │
+└────────────────────────────────────────────────────────────┘"""
 )
 
 
@@ -128,8 +128,8 @@ def test_python_dash_m_with_nproc_per_node_from_the_command_line(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert "nproc_per_node 2  nodes 2" in result.stdout
-    assert "rank 2   node node1  device cuda:0" in result.stdout
-    assert "rank 3   node node1  device cuda:1" in result.stdout
+    assert "group rank 2   global rank 2   node node1  device cuda:0" in result.stdout
+    assert "group rank 3   global rank 3   node node1  device cuda:1" in result.stdout
 
 
 def test_json_file_draws_the_same(tmp_path):
@@ -170,10 +170,10 @@ def test_flag_overrides_file_and_multi_device_workers(tmp_path):
     assert plan.nodes == 2
     text = render_plan(plan)
     assert "group sampler  cuda  ranks 4-11  workers 4  2 per worker" in text
-    assert "rank 1   node node0  device cuda:6,7  device ranks 6,7" in text
-    assert "rank 2   node node1  device cuda:0,1  device ranks 8,9" in text
-    assert "rank 0   node node0  device cuda:3" in text
-    assert "rank 1   node node0  device cuda:2" in text
+    assert "group rank 1   global ranks 6,7  node node0  device cuda:6,7" in text
+    assert "group rank 2   global ranks 8,9  node node1  device cuda:0,1" in text
+    assert "group rank 0   global rank 0   node node0  device cuda:3" in text
+    assert "group rank 1   global rank 1   node node0  device cuda:2" in text
     assert [w.node for w in plan.workers["sampler"]] == ["node0", "node0", "node1", "node1"]
 
 
@@ -228,8 +228,11 @@ def _drawing_before_the_refactor() -> str:
                     else p.device_type
                 )
                 node = p.node or "-"
+                owned = group.worker_ranks(p.rank)
+                # (added with issue 31: both numberings, the group's and the global one)
+                label = f"global rank{'s' if len(owned) > 1 else ''} {_ranks(owned)}"
                 lines.append(
-                    f"    rank {p.rank:<3} node {node}  device {devices}  "
+                    f"    group rank {p.rank:<3} {label:<14}  node {node}  device {devices}  "
                     f"data rank {mesh.data_rank_of(p.rank) if p.rank in mesh.ranks else '-'}"
                     # (added with colocation: the process hosting the worker)
                     f"  process pid {os.getpid()}"
@@ -271,7 +274,8 @@ def test_the_live_placement_drawing_is_unchanged():
     text = get_device_placement(detail=True)
     assert text == _drawing_before_the_refactor()
     assert "│ group big  cpu  ranks 0-5  workers 3  2 per worker" in text
-    assert "│     rank 3   node " in text and "data rank 1" in text
+    assert "│     group rank 3   global rank 3   node " in text and "data rank 1" in text
+    assert "│     group rank 0   global ranks 0,1  node " in text  # big: 2 per worker
 
 
 # --------------------------------------------------------------------------- bad files

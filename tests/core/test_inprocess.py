@@ -352,7 +352,8 @@ def test_placement_shows_groups_classes_and_meshes(run):
     assert "group g  cpu  ranks 0-2  workers 3" in text
     assert "(no remote class placed yet)" in text
     assert "class Counter  mesh tp=2" in text
-    assert text.count("rank 1 ") == 1
+    assert text.count("group rank 1 ") == 1
+    assert "group rank 1   global rank 1   node " in text
 
 
 def test_timeout_must_be_positive():

@@ -81,11 +81,13 @@ def test_an_inprocess_run_never_loads_the_tools():
 
 
 #: What a core module must never contain: a sibling package's name, an import of torch or ray
-#: by any means, or a look for a repository checkout.
+#: by any means, or a look for a repository checkout (a path to its scripts/install.py, the
+#: working directory). Naming the command in a message (`python scripts/install.py ...`, the
+#: install hints of issue 31) looks for nothing.
 _FORBIDDEN_TEXT = re.compile(
     r"twinkle_local|twinkle_ray|twinkle_notify|twinkle-local|twinkle-ray|twinkle-notify"
     r"|__import__\(|import_module\(\s*[\"'](?:torch|ray)\b|^\s*(?:import|from)\s+(?:torch|ray)\b"
-    r"|scripts/install\.py|Path\.cwd\(\)",
+    r"|[\"']install\.py[\"']|Path\([^)]*install\.py|Path\.cwd\(\)",
     re.MULTILINE,
 )
 

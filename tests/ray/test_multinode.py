@@ -200,8 +200,10 @@ def test_visible_devices_pin_each_worker_to_those_physical_devices(run, cluster)
     assert [p.devices for p in _placements(run["pinned"])] == [(3,), (2,), (0,)]
     text = get_device_placement(detail=True)
     section = text[text.index("group pinned") :]
-    for rank, (p, device) in enumerate(zip(_placements(run["pinned"]), (3, 2, 0), strict=True)):
-        assert f"rank {rank}   node {p.node}  device cuda:{device} " in section, section
+    places = zip(_placements(run["pinned"]), (1, 4, 5), (3, 2, 0), strict=True)
+    for rank, (p, global_rank, device) in enumerate(places):
+        row = f"group rank {rank}   global rank {global_rank}   node {p.node}  device cuda:{device}"
+        assert f"{row} " in section, section
 
 
 def test_device_placement_shows_the_physical_mapping(run):

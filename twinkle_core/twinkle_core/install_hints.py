@@ -65,19 +65,30 @@ def install_hint(kind: str, name: str) -> tuple[str, tuple[str, ...]] | None:
     return extra, _extra_packages().get(extra, ())
 
 
+#: Run from a clone of the repository: the packages are not on PyPI yet (scripts/install.py
+#: builds the four wheels from the working tree and pip-installs from them).
+INSTALL_SCRIPT = "python scripts/install.py"
+
+
 def install_command(extra: str) -> str:
-    """The pip command that adds `extra` to twinkle-core."""
-    return f'pip install "twinkle-core[{extra}]"'
+    """The command that adds `extra` to twinkle-core, and what replaces it once published:
+    `python scripts/install.py "twinkle-core[EXTRA]" in a clone of twinkle (once the packages
+    are published: pip install "twinkle-core[EXTRA]")`."""
+    requirement = f'"twinkle-core[{extra}]"'
+    return (
+        f"{INSTALL_SCRIPT} {requirement} in a clone of twinkle "
+        f"(once the packages are published: pip install {requirement})"
+    )
 
 
 def providing_sentence(kind: str, name: str) -> str | None:
-    """`Install it with: pip install "twinkle-core[EXTRA]"  (provides PACKAGES)`, or None."""
+    """`Install PACKAGES with: python scripts/install.py "twinkle-core[EXTRA]" in a clone of
+    twinkle (once the packages are published: pip install "twinkle-core[EXTRA]")`, or None."""
     hint = install_hint(kind, name)
     if hint is None:
         return None
     extra, packages = hint
-    provides = f"  (provides {', '.join(packages)})" if packages else ""
-    return f"Install it with: {install_command(extra)}{provides}"
+    return f"Install {', '.join(packages) or 'it'} with: {install_command(extra)}"
 
 
 def known_names(kind: str) -> list[str]:

@@ -2,8 +2,8 @@
 
 By default the design's layout: one box per device group with its device type and ranks, and
 one `DeviceMesh: <Class>` block per remote object hosted on the group, so colocated roles show
-at a glance. `detail=True` gives the per-rank table (node, devices, data rank and process of
-each worker).
+at a glance. `detail=True` gives the per-rank table: each worker's rank in its group and the
+global ranks it owns (the group's `ranks` entries), node, devices, data rank and process.
 The drawing is built from the helpers below, which `twinkle placement groups.toml` (see
 `placement_plan`) shares, so a plan drawn from a file looks like the live run's placement.
 """
@@ -36,6 +36,7 @@ def group_line(group: DeviceGroup) -> str:
 
 def worker_line(
     rank: int,
+    global_ranks: Sequence[int],
     node: str | None,
     device_type: str,
     devices: Sequence[int],
@@ -44,14 +45,19 @@ def worker_line(
     process: str | None = None,
     indent: str = "    ",
 ) -> str:
-    """`rank 0   node n1  device cuda:0,1` (and `  data rank 0`, `  process pid 42` when
-    given)."""
+    """One worker's row, naming both numberings: `rank` is its rank in its group (0, 1, ...),
+    `global_ranks` the group's `ranks` entries it owns (one, or `gpus_per_worker` of them):
+
+    `group rank 0   global rank 4   node n1  device cuda:4` (`global ranks 4,5` for a worker of
+    two devices; then `  data rank 0`, `  process pid 42` when given)."""
     shown = (
         f"{device_type}:{','.join(str(d) for d in devices)}"
         if devices and device_type != "cpu"
         else device_type
     )
-    line = f"{indent}rank {rank:<3} node {node or '-'}  device {shown}"
+    plural = "s" if len(global_ranks) > 1 else ""
+    ranks = f"global rank{plural} {format_ranks(global_ranks) or '-'}"
+    line = f"{indent}group rank {rank:<3} {ranks:<14}  node {node or '-'}  device {shown}"
     if data_rank is not None:
         line += f"  data rank {data_rank}"
     if process:
@@ -158,6 +164,7 @@ def get_device_placement(detail: bool = False) -> str:
                 lines.append(
                     worker_line(
                         p.rank,
+                        group.worker_ranks(p.rank),
                         p.node,
                         p.device_type,
                         p.devices,
