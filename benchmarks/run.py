@@ -54,6 +54,11 @@ LIMITS: dict[str, float] = {
     "9": 6.0,  # 2.00
     "13a": 3.0,  # 1.00 (trace off; measured 2026-12-01, one run)
     "13b": 3.3,  # 1.09 (trace on)
+    # Against fixed targets, not a raw tool (nothing raw plans a twinkle run): 1 s to plan,
+    # 2 s for the command. Measured 2026-12-04: 0.014-0.051, 0.044-0.186, 0.16-0.22.
+    "22a": 3.0,
+    "22b": 3.0,
+    "22c": 3.0,
 }
 
 

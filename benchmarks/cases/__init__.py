@@ -28,4 +28,5 @@ MODULES = (
     "colocated_handoff",
     "restart_time",
     "ray_args",
+    "planning_scale",
 )

@@ -30,6 +30,7 @@ file to fix.
 
 from __future__ import annotations
 
+import bisect
 import json
 import re
 import tomllib
@@ -115,6 +116,7 @@ class _Lines:
 _TOML_KEY = re.compile(r"""^\s*("(?:[^"\\]|\\.)*"|'[^']*'|[A-Za-z0-9_-]+)\s*=""")
 _TOML_GROUPS_HEADER = re.compile(r"""^\s*\[\[\s*(?:groups|"groups"|'groups')\s*\]\]""")
 _TOML_HEADER = re.compile(r"^\s*\[")
+_TOML_INLINE_NAME = re.compile(r"""(?:^|[{,\s])name\s*=""")
 
 
 class _TomlLines(_Lines):
@@ -126,6 +128,7 @@ class _TomlLines(_Lines):
     def __init__(self, text: str) -> None:
         self.lines = text.splitlines()
         self.tops: dict[str, int] = {}
+        self._names: list[int] | None = None  # see _inline
         self.headers: list[int] = []
         self.keys: list[dict[str, int]] = []
         table: str | None = ""  # "" top level, "groups" inside [[groups]], None elsewhere
@@ -163,12 +166,15 @@ class _TomlLines(_Lines):
         start = self.tops.get("groups")
         if start is None:
             return None
-        seen = -1
-        for number in range(start, len(self.lines) + 1):
-            seen += len(re.findall(r"""(?:^|[{,\s])name\s*=""", self.lines[number - 1]))
-            if seen >= index:
-                return number
-        return start
+        if self._names is None:
+            # One entry per `name =` from `groups =` on, found once: a file of thousands of
+            # inline groups is asked about each of them.
+            self._names = [
+                number
+                for number in range(start, len(self.lines) + 1)
+                for _ in _TOML_INLINE_NAME.finditer(self.lines[number - 1])
+            ]
+        return self._names[index] if index < len(self._names) else start
 
     def group(self, index: int) -> int:
         if index < len(self.headers):
@@ -232,13 +238,16 @@ def _json_node(text: str, i: int) -> tuple[_Node, int]:
 class _JsonLines(_Lines):
     def __init__(self, text: str) -> None:
         self.text = text
+        self._newlines: list[int] | None = None  # see _line
         try:
             self.root: _Node | None = _json_node(text, 0)[0]
         except (ValueError, IndexError):  # pragma: no cover - a walker bug must not hide errors
             self.root = None
 
     def _line(self, offset: int) -> int:
-        return self.text.count("\n", 0, offset) + 1
+        if self._newlines is None:  # found once: a file of thousands of groups asks per group
+            self._newlines = [m.start() for m in re.finditer("\n", self.text)]
+        return bisect.bisect_left(self._newlines, offset) + 1
 
     def _group(self, index: int) -> _Node | None:
         if self.root is None or "groups" not in self.root.keys:
@@ -411,6 +420,9 @@ def build_plan(
         raise PlacementFileError(path, issues)
 
     installed, provided = _known_device_types()
+    # Each spelling of a device type is looked up once (it asks every platform plugin for its
+    # aliases): a file of thousands of groups names the same few.
+    canonical_of: dict[str, str] = {}
     notes: list[str] = []
     groups: list[tuple[int, DeviceGroup]] = []
     names: dict[str, int] = {}
@@ -441,7 +453,11 @@ def build_plan(
                 bad = True
         device_type = raw.get("device_type", "cpu")
         try:
-            canonical = canonical_device_type(device_type)
+            if isinstance(device_type, str) and device_type in canonical_of:
+                canonical = canonical_of[device_type]
+            else:
+                canonical = canonical_device_type(device_type)
+                canonical_of[device_type] = canonical
         except ConfigurationError as exc:
             issues.append(PlanIssue(lines.key(index, "device_type"), f"{label}: {exc}", who))
             continue
@@ -667,10 +683,14 @@ def _render_detail(plan: Plan) -> str:
         if group.is_cpu:
             lines.append("  (cpu workers: the backend picks their nodes)")
         for worker in plan.workers[group.name]:
-            line = worker_line(
-                worker.rank, worker.node, group.device_type, worker.devices, indent="  "
+            lines.append(
+                worker_line(
+                    worker.rank,
+                    worker.device_ranks,
+                    worker.node,
+                    group.device_type,
+                    worker.devices,
+                    indent="  ",
+                )
             )
-            if group.gpus_per_worker > 1 and not group.is_cpu:
-                line += f"  device ranks {format_ranks(worker.device_ranks)}"
-            lines.append(line)
     return draw_box(lines)
