@@ -73,24 +73,28 @@ def traced(cluster, tmp_path_factory):
         trace=str(path),
         name="trace-test",
     )
-    learner = Learner(remote_group="learn")
-    sampler = Sampler(remote_group="sample")
-    meet_in = str(tmp_path_factory.mktemp("meet"))
-    for i in range(2):
-        a, b = learner.train(i, meet_in), sampler.sample(i, meet_in=meet_in)  # both at once
-        assert a() == [i, i] and b() == [i, i]
-    # Each actor's clock offset was measured when its group got its first call.
-    from twinkle_ray import tracing as ray_tracing
+    try:
+        learner = Learner(remote_group="learn")
+        sampler = Sampler(remote_group="sample")
+        meet_in = str(tmp_path_factory.mktemp("meet"))
+        for i in range(2):
+            a, b = learner.train(i, meet_in), sampler.sample(i, meet_in=meet_in)  # both at once
+            assert a() == [i, i] and b() == [i, i]
+        # Each actor's clock offset was measured when its group got its first call.
+        from twinkle_ray import tracing as ray_tracing
 
-    deadline = time.monotonic() + 30
-    while len(ray_tracing._offsets) < 4 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert len(ray_tracing._offsets) == 4
-    dumped = _dump_while_stuck(sampler)
-    with pytest.raises(CallTimeoutError) as info:
-        sampler.stuck()()
-    shutdown()
-    assert ray_tracing._offsets == {}  # used for the merge, not measured again
+        deadline = time.monotonic() + 30
+        while len(ray_tracing._offsets) < 4 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(ray_tracing._offsets) == 4
+        dumped = _dump_while_stuck(sampler)
+        with pytest.raises(CallTimeoutError) as info:
+            sampler.stuck()()
+        shutdown()
+        assert ray_tracing._offsets == {}  # used for the merge, not measured again
+    except BaseException:
+        shutdown()  # a failure here must not leave the run to the next module
+        raise
     return json.loads(path.read_text()), dumped, info.value
 
 

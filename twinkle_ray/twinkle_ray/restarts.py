@@ -103,6 +103,12 @@ class Restarter:
                     why,
                 )
                 cause = f"{cause}; restart as generation {generation} failed ({why})"
+                state = health.snapshot()
+                if state.restarts >= state.max_restarts:
+                    # This failure spends the budget: the final word goes up before the
+                    # health says dead, so no call sees "dead" with "restarting" as its reason.
+                    for member in hosts.members:
+                        member.workers.torn_down = self._gone(health, cause)
                 decision = health.restart_failed(cause)
                 continue
             for member in hosts.members:

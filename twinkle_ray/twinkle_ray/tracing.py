@@ -247,6 +247,8 @@ def gather(rec: Any, backend: Any) -> None:
             continue
         if snapshot is not None:
             rec.merge(snapshot, *offset)
+    # Offsets of actors that died (a restart) or were not asked: the run is over for them.
+    _offsets.clear()
 
 
 def link_ids(pending: Any) -> list[str] | None:
