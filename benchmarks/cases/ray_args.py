@@ -6,15 +6,23 @@ method returns a constant: twinkle `four.take(value)`, raw `[a.take.remote(value
 actors]` on 4 actors of the same class. Arguments: a 2-key dict, a list of 10 ints, an
 8-float array, 1 KiB and 64 KiB of bytes. Rows: one call waited for (per call); 1000 calls
 issued then resolved (per call) with the dict and with 64 KiB; the same with the dict on the
-1-worker group. Fair: the same values, methods, workers and cluster; raw Ray inlines such
+1-worker group; and 1000 calls with the dict issued while every worker is busy (blocked until a
+file appears: only issuing is timed, per call, as case 3 does), on 4 and on 1 worker, with the
+issue cost per call at 2000 pending over that at 500 in the note. Fair: the same values,
+methods, workers and cluster; raw Ray inlines such
 values in each task up to 100 KiB, which twinkle now does too (`shipping.INLINE_BYTES`).
 """
 
 from __future__ import annotations
 
+import itertools
+import os
+import tempfile
+import time
+
 import numpy as np
 import ray
-from harness import Context, Row, interleave, row_from_samples
+from harness import Context, Row, interleave, median, row_from_samples
 
 NUMBER, NAME, QUICK, SESSION = "20", "ray-args", False, ("four", "one")
 
@@ -76,4 +84,72 @@ def run(ctx: Context) -> list[Row]:
                 samples,
             )
         )
+    return rows + _busy_rows(ctx, four, actors, one, actor)
+
+
+def _busy_rows(ctx: Context, four, actors, one, actor) -> list[Row]:
+    """20i/20j: calls with a 2-key dict issued while the workers are busy (issue cost)."""
+    value = VALUES["a 2-key dict"]
+    sizes = (200, 400) if ctx.quick else (500, 1000, 2000)
+    rounds = 2 if ctx.quick else 7
+    folder = tempfile.mkdtemp(prefix="twb-args-busy-", dir="/tmp")
+    counter = itertools.count()
+
+    def variant(kind: str, group, handles, n: int):
+        def go() -> float:
+            path = os.path.join(folder, f"release-{next(counter)}")
+            if kind == "twinkle":
+                blocker = group.block(path)
+                start = time.perf_counter()
+                pending = [group.take(value) for _ in range(n)]
+                issued = time.perf_counter() - start
+                open(path, "w").close()
+                blocker(300)
+                for lazy in pending:
+                    lazy(300)
+            else:
+                blockers = [a.block.remote(path) for a in handles]
+                start = time.perf_counter()
+                pending = [a.take.remote(value) for _ in range(n) for a in handles]
+                issued = time.perf_counter() - start
+                open(path, "w").close()
+                ray.get(blockers, timeout=300)
+                ray.get(pending, timeout=300)
+            return issued
+
+        return go
+
+    rows = []
+    try:
+        for row_id, group, handles in (("20i", four, actors), ("20j", one, [actor])):
+            variants = {
+                f"{kind}-{n}": variant(kind, group, handles, n)
+                for n in sizes
+                for kind in ("twinkle", "raw")
+            }
+            samples = interleave(
+                variants, rounds, per={k: int(k.split("-")[1]) for k in variants}, warmup=1
+            )
+            med = {k: median(v) for k, v in samples.items()}
+            low, mid, high = sizes[0], sizes[len(sizes) // 2], sizes[-1]
+            growth = {k: med[f"{k}-{high}"] / med[f"{k}-{low}"] for k in ("twinkle", "raw")}
+            rows.append(
+                Row(
+                    row_id,
+                    f"Ray: {mid} calls with a 2-key dict issued while {len(handles)} worker(s) "
+                    "are busy (issue cost)",
+                    med[f"twinkle-{mid}"],
+                    med[f"raw-{mid}"],
+                    note=(
+                        f"per call at {high} vs {low} pending: twinkle x{growth['twinkle']:.2f}, "
+                        f"raw x{growth['raw']:.2f}"
+                    ),
+                    extra={"issue_per_call_s": med, "growth": growth},
+                    samples=samples,
+                )
+            )
+    finally:
+        for name in os.listdir(folder):
+            os.unlink(os.path.join(folder, name))
+        os.rmdir(folder)
     return rows
