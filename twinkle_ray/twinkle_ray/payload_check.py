@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import itertools
 import socket
 import threading
 import types
@@ -95,7 +96,25 @@ def _name_like(key: Any) -> bool:
     return isinstance(key, str) and len(key) <= 40 and key.replace("_", "a").isalnum()
 
 
+#: Types that are never process-bound and hold nothing that could be: not looked into.
+_PLAIN = frozenset({int, float, complex, bool, str, bytes, type(None)})
+
+
+def _all_plain(items: Any) -> bool:
+    """Whether each of the first `SCAN_ITEMS` items (all that `_scan` would look at) is of a
+    plain type: the set of types is made at C speed, so a config dict or a list of token ids
+    costs almost nothing on every call."""
+    return set(map(type, itertools.islice(items, SCAN_ITEMS))) <= _PLAIN
+
+
 def _scan(value: Any, where: str, depth: int) -> tuple[str, Any, str, str] | None:
+    kind = type(value)
+    if kind in _PLAIN:
+        return None
+    if kind is dict and _all_plain(value.values()):
+        return None
+    if kind in (list, tuple) and _all_plain(value):
+        return None
     bound = _process_bound(value)
     if bound is not None:
         return (where, value, *bound)
