@@ -69,6 +69,28 @@ def median(values: list[float]) -> float:
     return float(statistics.median(values))
 
 
+#: A round slower than this many times its variant's median is a slow round.
+SLOW_FACTOR = 2.0
+
+
+def slow_rounds(samples: dict[str, list[float]], factor: float = SLOW_FACTOR) -> dict[str, Any]:
+    """Per variant with slow rounds (over `factor` x its median, at least 3 rounds): how many
+    of how many, and the slowest as a multiple of the median. A median hides such rounds (the
+    object store growing into untouched memory, another job preempting); the table shows them
+    instead."""
+    out: dict[str, Any] = {}
+    for name, values in samples.items():
+        if len(values) < 3:
+            continue
+        mid = median(values)
+        if mid <= 0:
+            continue
+        slow = [v for v in values if v > factor * mid]
+        if slow:
+            out[name] = {"slow": len(slow), "rounds": len(values), "worst_x": max(slow) / mid}
+    return out
+
+
 def fmt_value(value: float | None, unit: str) -> str:
     """A row's figure: a time, or a count or size when the row measures one."""
     if value is not None and unit == "bytes":
@@ -106,9 +128,25 @@ class Row:
     def ratio(self) -> float:
         return self.twinkle / self.raw if self.raw > 0 else float("inf")
 
+    @property
+    def slow(self) -> dict[str, Any]:
+        """The variants' slow rounds (`slow_rounds`)."""
+        return slow_rounds(self.samples)
+
+    def slow_note(self) -> str:
+        """The slow rounds for the table's notes ('' when none)."""
+        parts = [
+            f"{name} {s['slow']}/{s['rounds']} (up to {s['worst_x']:.1f}x)"
+            for name, s in self.slow.items()
+        ]
+        return (
+            f"slow rounds (over {SLOW_FACTOR:g}x the median): {', '.join(parts)}" if parts else ""
+        )
+
     def as_json(self) -> dict[str, Any]:
         out = asdict(self)
         out["ratio"] = round(self.ratio, 4)
+        out["slow_rounds"] = self.slow
         out["samples"] = {k: [round(v, 9) for v in vs] for k, vs in self.samples.items()}
         return out
 

@@ -175,7 +175,7 @@ def markdown(rows: list[Row], errors: dict[str, str], info: dict[str, Any], args
             fmt_value(row.twinkle, row.unit),
             fmt_value(row.raw, row.unit),
             f"{row.ratio:.2f}",
-            row.note,
+            "; ".join(n for n in (row.note, row.slow_note()) if n),
         ]
         if args.quick:
             cells.append(describe_limit(row, True)[0])

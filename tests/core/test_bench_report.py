@@ -33,3 +33,37 @@ def test_the_summary_fits_a_table_cell():
     shown = bench_run.error_summary("ValueError: a | b\n" + "x" * 2000)
     assert "|" not in shown and len(shown) <= 600
     assert bench_run.error_summary("no exception line\nthe last one") == "the last one"
+
+
+def test_slow_rounds_are_reported_instead_of_hidden_in_the_median():
+    """A round over twice its variant's median shows in the row's notes and JSON."""
+    import harness
+
+    samples = {"twinkle": [1.0, 1.1, 0.9, 5.0, 1.0], "raw": [1.0, 1.0, 1.1], "memcpy": [1.0, 9.0]}
+    row = harness.Row("9z", "a case", 1.0, 1.0, samples=samples)
+    assert row.slow == {"twinkle": {"slow": 1, "rounds": 5, "worst_x": 5.0}}  # memcpy: 2 rounds
+    assert row.slow_note() == "slow rounds (over 2x the median): twinkle 1/5 (up to 5.0x)"
+    assert row.as_json()["slow_rounds"] == row.slow
+    quiet = harness.Row("9y", "a case", 1.0, 1.0, samples={"raw": [1.0, 1.9, 1.2]})
+    assert quiet.slow_note() == "" and quiet.slow == {}
+
+    class Args:
+        quick = False
+
+    info = {
+        "elapsed_s": 1,
+        "date": "d",
+        "cpus": 2,
+        "cpu_model": "m",
+        "memory_gib": 1,
+        "python": "3",
+        "torch": "t",
+        "ray": "r",
+        "numpy": "n",
+        "twinkle_commit": "c",
+    }
+    table = bench_run.markdown([row, quiet], {}, info, Args())
+    assert (
+        "| 9z | a case | 1 s | 1 s | 1.00 | slow rounds (over 2x the median): twinkle 1/5" in table
+    )
+    assert "| 9y | a case | 1 s | 1 s | 1.00 |  |" in table
