@@ -34,7 +34,7 @@ from twinkle_core.plugin import (
 )
 
 from . import collective as ray_collective
-from . import health_board, transports
+from . import health_board, relay, transports
 from . import tracing as ray_tracing
 from .actor import ActorBoot, actor_class_for
 from .cluster import ClusterConnection
@@ -43,6 +43,7 @@ from .hosts import Hosts, Member
 from .options import RayOptions
 from .payload_check import checked_arguments
 from .pending import RayPendingCall
+from .relay import NodeRelay, Route, register, remote_on, unregister
 from .resources import ClusterResourceError, ResourceManager, embedded_cluster_cpus, ray_request
 from .restarts import Restarter
 from .shadowing import check_worker_imports, connected_code_paths
@@ -54,6 +55,8 @@ log = logging.getLogger("twinkle")
 
 #: user class -> (its Ray actor class, the methods it exposes directly); per connection.
 _actor_classes: dict[tuple[type, bool], tuple[Any, frozenset[str]]] = {}
+#: The relays' Ray actor class (`relay.NodeRelay`), made once per connection.
+_relay_class: list[Any] = []
 
 
 def actor_class(cls: type, rdt: bool) -> tuple[Any, frozenset[str]]:
@@ -223,6 +226,7 @@ class RayBackend(ExecutionBackend):
                     )
             except Exception:  # the cluster may already be gone
                 pass
+        relay.clear()
         for workers in groups:
             # Ray leaks one socket per actor handle still alive at ray.shutdown() (the user's
             # remote objects keep their group): drop the handles (docs/ray.md, Reliability).
@@ -230,6 +234,7 @@ class RayBackend(ExecutionBackend):
         self.resources = None
         if self.connection.connected_here:
             _actor_classes.clear()  # bound to this connection's cluster
+            _relay_class.clear()
             reset_tensor_serializer()
         self.connection.close()
         for var in self._set_env:
@@ -290,13 +295,17 @@ class RayBackend(ExecutionBackend):
         self.worker_groups.append(workers)
         workers.tag = f"{group.name}:{cls.__name__}:{instance}.0"
         workers.handles = self._spawn(hosting, cls, group, slots, f"{instance}.0")
+        route = self._relays(workers, slots, f"{instance}.0")
         try:
             self._start(workers, slots, cls, args, kwargs, config, opts.start_timeout)
+            self._take_route(workers, route, opts.start_timeout)
         except BaseException:
+            if route is not None:
+                route.kill()
             workers.teardown("its start-up failed")
             self.worker_groups.remove(workers)
             raise
-        hosts = Hosts(workers, slots, rdt, hosting, instance)
+        hosts = Hosts(workers, slots, rdt, hosting, instance, route=route)
         self._host(hosts, workers, cls, args, kwargs, 0)
         self._publish_health(health.snapshot())
         if shares and (group.name not in self.hosts or not self.hosts[group.name].alive):
@@ -304,6 +313,49 @@ class RayBackend(ExecutionBackend):
         if workers.restartable:
             self.restarter.watcher.watch(hosts)
         return workers
+
+    def _relays(self, workers: RayWorkerGroup, slots: list, instance: str) -> Route | None:
+        """Start a relay on each node of `slots` (`relay.py`) when they span at least
+        `relay_min_nodes` nodes; they start while the workers do. None: calls go straight to
+        the workers."""
+        config, opts = self.config, self.options
+        assert config is not None and opts is not None
+        by_node: dict[str, list[int]] = {}
+        for slot in slots:
+            by_node.setdefault(slot.node.node_id, []).append(slot.rank)
+        if opts.relay_min_nodes == 0 or len(by_node) < opts.relay_min_nodes:
+            return None
+        if not _relay_class:
+            _relay_class.append(ray.remote(num_cpus=0, max_restarts=0)(NodeRelay))
+        group = workers.group
+        relays = []
+        for n, ranks in enumerate(by_node.values()):
+            first = slots[ranks[0]]
+            relays.append(
+                _relay_class[0]
+                .options(
+                    name=f"{config.name}:{group.name}:relay:{instance}:{n}",
+                    scheduling_strategy=PlacementGroupSchedulingStrategy(
+                        first.pg, placement_group_bundle_index=first.bundle_index
+                    ),
+                )
+                .remote([workers.handles[r] for r in ranks])
+            )
+        return Route(relays, list(by_node.values()))
+
+    def _take_route(self, workers: RayWorkerGroup, route: Route | None, timeout: float) -> None:
+        """Once the relays answer, `workers`' calls go through them (its earlier tasks, the
+        start-up, have finished: nothing sent directly can be overtaken)."""
+        if route is None:
+            return
+        what = f"the per-node relays of group {workers.group.name!r} to start"
+        with waiting_for(what):
+            try:
+                ray.get([r._tw_ready.remote() for r in route.relays], timeout=timeout)
+            except ray.exceptions.GetTimeoutError:
+                raise CallTimeoutError(f"{what}: not within {timeout:g}s") from None
+        workers.route = route
+        register(route, workers.handles)
 
     def _publish_health(self, state: Any) -> None:
         """Write a group's health where `twinkle doctor --ray` reads it (`health_board.py`)."""
@@ -334,10 +386,16 @@ class RayBackend(ExecutionBackend):
         handles = self._spawn(
             hosts.hosting, first.cls, group, hosts.slots, f"{hosts.instance}.{generation}"
         )
+        old, hosts.route = hosts.route, None
+        if old is not None:
+            unregister(first.workers.handles)
+            old.kill()
         for member in members:
+            member.workers.route = None  # the rebuild's own tasks go straight to the actors
             member.workers.restarts = generation
             member.workers.handles = handles
             member.workers.tag = f"{group.name}:{member.cls.__name__}:{hosts.instance}.{generation}"
+        route = self._relays(first.workers, hosts.slots, f"{hosts.instance}.{generation}")
         try:
             timeout = opts.start_timeout
             self._start(
@@ -355,7 +413,13 @@ class RayBackend(ExecutionBackend):
                 self._construct_more(hosts, member.workers, member.cls, member.args, member.kwargs)
             self._reform_collectives(hosts, generation)
             self._on_restart(hosts, generation)
+            self._take_route(first.workers, route, timeout)
+            hosts.route = route
+            for member in members:
+                member.workers.route = route
         except BaseException:
+            if route is not None:
+                route.kill()
             for handle in handles:
                 try:
                     ray.kill(handle, no_restart=True)
@@ -413,6 +477,7 @@ class RayBackend(ExecutionBackend):
         workers.health = first.health
         workers.restart_wait = first.restart_wait
         workers.tag = f"{group.name}:{cls.__name__}:{hosts.instance}.{first.restarts}"
+        workers.route = hosts.route
         self._construct_more(hosts, workers, cls, args, kwargs)
         self._host(hosts, workers, cls, args, kwargs, slot)
         self.worker_groups.append(workers)
@@ -426,18 +491,29 @@ class RayBackend(ExecutionBackend):
         calls = [WorkerCall(r, args, kwargs) for r in ranks]
         with checked_arguments(workers.class_name, "__init__", calls):
             shipped = ship_all(calls)
-        refs = [
-            handle._tw_construct_more.remote(
-                workers.slot,
-                self._context(workers, hosts.slots[r]),
-                config.seed,
-                config.full_determinism,
-                cls,
-                *a,
-                **k,
+        per_rank = [
+            (
+                (
+                    workers.slot,
+                    self._context(workers, hosts.slots[r]),
+                    config.seed,
+                    config.full_determinism,
+                    cls,
+                    *a,
+                ),
+                k,
             )
-            for r, (handle, (a, k)) in enumerate(zip(workers.handles, shipped, strict=True))
+            for r, (a, k) in enumerate(shipped)
         ]
+        route = workers.route
+        if route is not None:  # after the calls of the objects already there
+            with workers._send_lock:
+                refs = route.send("_tw_construct_more", ranks, per_rank)
+        else:
+            refs = [
+                handle._tw_construct_more.remote(*a, **k)
+                for handle, (a, k) in zip(workers.handles, per_rank, strict=True)
+            ]
         construct = RayPendingCall(workers, "__init__", ranks, refs, workers.restarts)
         group = workers.group
         what = f"group {group.name!r} ({cls.__name__} in the group's {workers.size} actors)"
@@ -599,7 +675,7 @@ class RayBackend(ExecutionBackend):
             for handle, workers in zip(formed.handles, formed.member_workers(), strict=True):
                 if workers.hosts is not hosts:  # a survivor: it leaves the broken world first
                     try:
-                        handle._tw_apply.remote(ray_collective.leave, name)
+                        remote_on(handle, "_tw_apply", ray_collective.leave, name)
                     except Exception:
                         pass
             what = f"collective group {name!r} formed again for group {hosts.group.name!r}"

@@ -35,6 +35,8 @@ from twinkle_core.plugin import (
 )
 from twinkle_local.torchkit import as_inputs, reduce_op, torch_views
 
+from .relay import post_on, remote_on
+
 log = logging.getLogger("twinkle")
 
 
@@ -222,7 +224,7 @@ def create(spec: CollectiveGroup, workers: list[Any], up: Any = None) -> list[An
         handles.extend(w.handles)
     assert len(handles) == spec.world_size
     try:
-        where = ray.get(handles[0]._tw_free_port.remote(), timeout=spec.timeout)
+        where = ray.get(remote_on(handles[0], "_tw_free_port"), timeout=spec.timeout)
     except ray.exceptions.GetTimeoutError:
         raise CallTimeoutError(
             f"collective_group({spec.name!r}): {spec.members[0].describe()} did not join within "
@@ -231,7 +233,7 @@ def create(spec: CollectiveGroup, workers: list[Any], up: Any = None) -> list[An
         ) from None
     arrived = f"twinkle:{workers[0].run_name}:collective:{spec.name}:{uuid.uuid4().hex[:8]}:"
     refs = [
-        h._tw_apply.remote(join, spec, rank, where[0], int(where[1]), arrived)
+        remote_on(h, "_tw_apply", join, spec, rank, where[0], int(where[1]), arrived)
         for rank, h in enumerate(handles)
     ]
     deadline = time.monotonic() + spec.timeout
@@ -255,7 +257,10 @@ def create(spec: CollectiveGroup, workers: list[Any], up: Any = None) -> list[An
         if not waiting and not failed:
             return handles
         for h in handles:  # best effort: the ones that joined leave (a dead actor is skipped)
-            h._tw_apply.remote(leave, spec.name)
+            try:
+                post_on(h, "_tw_apply", leave, spec.name)
+            except Exception:
+                pass
         if failed:
             raise ConfigurationError(
                 f"collective_group({spec.name!r}) failed: {'; '.join(failed)}"

@@ -50,6 +50,8 @@ class Hosts:
     #: Set once a restart rebuilt the actors (constructors replayed), until the next teardown:
     #: they may join collective groups before the group takes calls again.
     rebuilt: bool = False
+    #: The per-node relays of these actors (`relay.Route`), when they span enough nodes.
+    route: Any = None
 
     @property
     def alive(self) -> bool:
@@ -72,7 +74,9 @@ class Hosts:
     def teardown(self, reason: str) -> None:
         """Kill the actors (once) and mark every hosted object torn down with `reason`."""
         self.rebuilt = False
-        self.first.teardown(reason)
+        self.first.teardown(reason)  # and its relays
+        self.route = None
         for member in self.members:
             member.workers.torn_down = reason
+            member.workers.route = None
         self.pings = {}

@@ -20,6 +20,8 @@ import ray
 
 from twinkle_core.plugin import WorkerFailure, add_note
 
+from .relay import RelayFailed, StillRunning
+
 log = logging.getLogger("twinkle")
 
 #: Whether this Ray can call back when an object exists without fetching it.
@@ -56,7 +58,15 @@ class LateFailures:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
-    def watch(self, pending: WatchedCall, indices: list[int], first: WorkerFailure) -> None:
+    def watch(
+        self,
+        pending: WatchedCall,
+        indices: list[int],
+        first: WorkerFailure,
+        refs: dict[int, Any] | None = None,
+    ) -> None:
+        """Watch the workers at `indices` of `pending` (their result refs, or `refs[i]` where
+        given: a relayed worker's own ref)."""
         if not HAS_ON_READY:
             return
         with self._lock:
@@ -67,14 +77,24 @@ class LateFailures:
                 self._thread.start()
         raised_at = time.monotonic()
         for i in indices:
-            item = (pending, i, first, raised_at)
-            pending.value_refs[i]._on_ready(lambda exc, item=item: self._queue.put(item))
+            ref = refs[i] if refs and i in refs else pending.value_refs[i]
+            self._watch_ref(pending, i, first, raised_at, ref)
+
+    def _watch_ref(
+        self, pending: WatchedCall, i: int, first: WorkerFailure, raised_at: float, ref: Any
+    ) -> None:
+        item = (pending, i, first, raised_at, ref)
+        ref._on_ready(lambda exc, item=item: self._queue.put(item))
 
     def _run(self) -> None:
         while True:
-            pending, i, first, raised_at = self._queue.get()
+            pending, i, first, raised_at, ref = self._queue.get()
             try:
-                ray.get(pending.value_refs[i], timeout=0)
+                reply = ray.get(ref, timeout=0)
+                if type(reply) is RelayFailed:  # a relay returns a worker's error as a value
+                    raise reply.raised()
+                if type(reply) is StillRunning:  # the relay gave up waiting: watch the worker
+                    self._watch_ref(pending, i, first, raised_at, reply.ref)
             except Exception as exc:
                 try:
                     late = pending.workers.failure(pending.ranks[i], exc)

@@ -32,6 +32,9 @@ class RayOptions:
       transports). None (default): the actors of accelerator groups only; True/False: every
       group's. Declared actors start slower and run their methods on a thread Ray starts, not
       on the process's main thread (see docs/data.md, "Ray Direct Transport").
+    - `relay_min_nodes`: a group whose workers span at least this many nodes gets a relay per
+      node, and each call goes once to each node's relay instead of once to each worker
+      (default 2; 0 turns relays off; see docs/ray.md, "Relays").
     """
 
     address: str | None = None
@@ -46,6 +49,7 @@ class RayOptions:
     namespace: str | None = None
     oversubscribe: bool = False
     direct_transport: bool | None = None
+    relay_min_nodes: int = 2
 
     @classmethod
     def parse(cls, options: Mapping[str, Any]) -> RayOptions:
@@ -83,6 +87,13 @@ class RayOptions:
             raise ConfigurationError(
                 "initialize(mode='ray', direct_transport=...) must be True, False or None "
                 f"(decide from the run), got {opts.direct_transport!r}"
+            )
+        value = opts.relay_min_nodes
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ConfigurationError(
+                f"initialize(mode='ray', relay_min_nodes=...) must be a non-negative integer "
+                f"(the number of nodes from which a group's calls go through per-node relays; "
+                f"0 turns relays off), got {value!r}"
             )
         for name in ("placement_timeout", "start_timeout"):
             value = getattr(opts, name)

@@ -41,6 +41,7 @@ from twinkle_core.plugin import (
 )
 
 from .late_failures import HAS_ON_READY, LATE_FAILURES
+from .relay import MARKERS, RelayedRefs, RelayFailed, StillRunning
 from .tracing import link_ids
 from .transfer import ResultMeta, Stored, is_envelope, meta_of, opened_ref
 from .transports import Held, track
@@ -131,6 +132,11 @@ class RayPendingCall(PendingCall):
     #: was (monotonic seconds; never: -inf).
     _seen: Sequence[int] = ()
     _looked_at = -math.inf
+    #: Whether the refs are returns of per-node relays (`relay.py`): a worker's error then
+    #: comes as a `RelayFailed` value in its slot, not as an error of its ref.
+    relayed = False
+    #: A relayed call's groups of workers' positions, one per relay task (`RelayedRefs`).
+    relay_groups: list[list[int]] | None = None
 
     def __init__(
         self,
@@ -147,6 +153,9 @@ class RayPendingCall(PendingCall):
         #: envelope).
         self.value_refs = value_refs
         self.generation = generation
+        if type(value_refs) is RelayedRefs:
+            self.relayed = True
+            self.relay_groups = value_refs.groups
 
     @property
     def _lock(self) -> threading.Lock:
@@ -228,8 +237,11 @@ class RayPendingCall(PendingCall):
                     return True
                 continue
             try:
-                checked[i] = ray.get(self.value_refs[i], timeout=0)
+                reply = checked[i] = ray.get(self.value_refs[i], timeout=0)
             except Exception:
+                checked[i] = _FAILED
+                return True
+            if self.relayed and type(reply) in MARKERS:
                 checked[i] = _FAILED
                 return True
         return False
@@ -289,7 +301,10 @@ class RayPendingCall(PendingCall):
             if self._replies is not None:
                 return self._replies
         try:
-            replies = ray.get(self.value_refs, timeout=timeout)
+            if self.relayed:
+                replies = self._relayed_replies(timeout)
+            else:
+                replies = ray.get(self.value_refs, timeout=timeout)
         except rex.GetTimeoutError:
             finished = set(self._finished(ask=True))
             if not self._failed_among(finished):
@@ -302,9 +317,32 @@ class RayPendingCall(PendingCall):
             self._raise_failures()
         except Exception:
             self._raise_failures()
+        if self.relayed and _marked(replies):
+            self._raise_failures()
         self.received(replies)
         self._replies = replies
         return replies
+
+    def _relayed_replies(self, timeout: float | None) -> list[Any]:
+        """Every worker's reply through relays, failing fast: a relay returns a failure as a
+        value (`relay.RelayFailed`), which one `ray.get` of every ref would only show once
+        every node answered. So each relay task is waited for on its own (its first ref
+        stands for it), and a node's failure raises at once (`_Failed`, caught by the caller)."""
+        refs, groups = self.value_refs, self.relay_groups or []
+        heads = [refs[positions[0]] for positions in groups]
+        ready, waiting = ray.wait(heads, num_returns=len(heads), timeout=0, fetch_local=False)
+        if waiting:
+            members = dict(zip(heads, groups, strict=True))
+            deadline = None if timeout is None else time.monotonic() + timeout
+            while waiting:
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                ready, waiting = ray.wait(waiting, num_returns=1, timeout=left, fetch_local=False)
+                if not ready:
+                    raise rex.GetTimeoutError
+                for head in ready:
+                    if _marked(ray.get([refs[i] for i in members[head]], timeout=0)):
+                        raise _Failed
+        return ray.get(refs, timeout=0)
 
     def received(self, replies: list[Any]) -> None:
         """Note envelopes' transport fallbacks (once per method and reason) and have held
@@ -323,10 +361,12 @@ class RayPendingCall(PendingCall):
         """Whether a worker among `finished` (indices) failed."""
         for i in finished:
             try:
-                ray.get(self.value_refs[i], timeout=0)
+                reply = ray.get(self.value_refs[i], timeout=0)
             except rex.GetTimeoutError:
                 continue
             except Exception:
+                return True
+            if self.relayed and type(reply) in MARKERS:
                 return True
         return False
 
@@ -369,16 +409,25 @@ class RayPendingCall(PendingCall):
         """
         refs = self.value_refs
         failures: list[WorkerFailure] = []
+        #: Relayed workers still running when their relay reported: index -> their own ref.
+        late: dict[int, Any] = {}
 
         def harvest(indices: list[int]) -> list[int]:
             running = []
             for i in indices:
                 try:
-                    ray.get(refs[i], timeout=0)
+                    reply = ray.get(refs[i], timeout=0)
                 except rex.GetTimeoutError:
                     running.append(i)
+                    continue
                 except Exception as exc:
                     failures.append(self.workers.failure(self.ranks[i], exc))
+                    continue
+                kind = type(reply)
+                if kind is RelayFailed:
+                    failures.append(self.workers.failure(self.ranks[i], reply.raised()))
+                elif kind is StillRunning:
+                    late[i] = reply.ref
             return running
 
         running = harvest(list(range(len(refs))))
@@ -398,12 +447,24 @@ class RayPendingCall(PendingCall):
             )
         self._failures = sorted(failures, key=lambda f: f.rank)
         self.workers.on_failures(self._failures, self.generation)
-        if running:
-            LATE_FAILURES.watch(self, running, self._failures[0])
+        if running or late:
+            LATE_FAILURES.watch(self, [*running, *late], self._failures[0], late)
         raise WorkersFailedError(self._failures)
 
 
 _FAILED = object()
+
+
+class _Failed(Exception):
+    """A relay returned a worker's failure (`RayPendingCall._relayed_replies`)."""
+
+
+def _marked(replies: list[Any]) -> bool:
+    """Whether a relayed call's replies hold a worker's failure (`relay.MARKERS`)."""
+    for reply in replies:
+        if type(reply) in MARKERS:
+            return True
+    return False
 
 
 def _settled(call: RayPendingCall | None) -> bool:
@@ -434,6 +495,9 @@ def fetch_finished(finished: collections.deque) -> None:
     start = 0
     for pending in calls:
         stop = start + len(pending.value_refs)
+        if pending.relayed and _marked(replies[start:stop]):
+            start = stop  # a failure: the call raises it when collected
+            continue
         if pending._replies is None:
             pending.received(replies[start:stop])
             pending._replies = replies[start:stop]

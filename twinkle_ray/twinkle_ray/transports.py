@@ -95,6 +95,8 @@ from twinkle_local.torchkit import (
     why_not_carried,
 )
 
+from .relay import post_on, remote_on
+
 log = logging.getLogger("twinkle")
 
 #: Seconds a transport group's members wait for each other (joining, and each send/recv).
@@ -512,7 +514,7 @@ def receive(held: Held) -> Any:
 
 def fetch_ref(held: Held) -> Any:
     """A ref to the held result itself, put in the object store by its holder."""
-    return held.holder._tw_apply.remote(give_held, held.key, held.skeleton)
+    return remote_on(held.holder, "_tw_apply", give_held, held.key, held.skeleton)
 
 
 # ----------------------------------------------------------------------- Ray Direct Transport
@@ -745,7 +747,9 @@ def before_submit(
             if cls is not None:
                 name = GROUPS.ensure(torch_backend(cls), producer, consumer)
             if name is not None:
-                holder._tw_apply.remote(send_held, envelope.key, name, producer.size + call.rank)
+                remote_on(
+                    holder, "_tw_apply", send_held, envelope.key, name, producer.size + call.rank
+                )
                 continue
             if why:
                 note_fallback(f"{consumer.class_name} (group {consumer.group.name!r})", why)
@@ -773,7 +777,7 @@ def given_ref(holder: Any, key: str) -> Any:
     with _rdt_lock:
         ref = _GIVEN.get(key)
         if ref is None:
-            ref = _GIVEN[key] = holder._tw_apply.remote(give_tensors, key)
+            ref = _GIVEN[key] = remote_on(holder, "_tw_apply", give_tensors, key)
         return ref
 
 
@@ -810,9 +814,9 @@ def _drop(keys: dict[Any, list[str]]) -> None:
         plain, both = [k for k in ks if k not in given], [k for k in ks if k in given]
         try:
             if plain:
-                holder._tw_apply.remote(drop_held, plain)
+                post_on(holder, "_tw_apply", drop_held, plain)
             if both:
-                holder._tw_apply.remote(drop_held, both, 2)
+                post_on(holder, "_tw_apply", drop_held, both, 2)
                 rdt_thread = holder._tw_apply.options(concurrency_group=RDT_GROUP)
                 rdt_thread.remote(drop_held, both, 2)
         except Exception:  # the actor or the cluster is gone

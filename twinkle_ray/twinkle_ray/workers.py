@@ -49,6 +49,7 @@ from .deaths import DEATH_ERRORS, how_it_died
 from .payload_check import checked_arguments
 from .pending import RayPendingCall, keep_until_done
 from .placeholders import PLACEHOLDER_DISPATCHERS, build_placeholder
+from .relay import unregister
 from .shipping import ship_all
 from .transfer import placeholder_refs, register_tensor_serializer
 from .transports import before_submit, held_replies
@@ -124,6 +125,9 @@ class RayWorkerGroup(WorkerGroup):
         self.handles = handles
         #: This generation's `TWINKLE_WORKER_GROUP` (names its transport groups).
         self.tag = ""
+        #: Driver-side only: the per-node relays calls go through (`relay.Route`), when the
+        #: workers span enough nodes (set by the backend); None: one task per worker.
+        self.route: Any = None
 
     @property
     def handles(self) -> list[Any]:
@@ -142,6 +146,7 @@ class RayWorkerGroup(WorkerGroup):
         state["restarter"] = None
         state["health"] = None
         state["hosts"] = None  # driver-side only (and holds a lock)
+        state["route"] = None  # a worker calling this group is a caller of its own
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -228,8 +233,13 @@ class RayWorkerGroup(WorkerGroup):
             self.teardown(cause)
 
     def teardown(self, reason: str) -> None:
-        """Kill every actor of this group (a torch.distributed group cannot lose one rank)."""
+        """Kill every actor of this group (a torch.distributed group cannot lose one rank),
+        and its relays."""
         self.torn_down = reason
+        route, self.route = self.route, None
+        if route is not None:
+            unregister(self.handles)
+            route.kill()
         for handle in self.handles:
             try:
                 ray.kill(handle, no_restart=True)
@@ -306,7 +316,15 @@ class RayWorkerGroup(WorkerGroup):
         shipped = ship_all(calls) if has_arguments else [((), {})] * len(calls)
         if rdt:
             return self._send_rdt(method, calls, shipped, rdt)
+        route = self.route
         with self._send_lock:  # submitting only: never waits on a worker
+            if route is not None:
+                name = (
+                    method if not has_remote and method in self.direct else f"{RESERVED_PREFIX}call"
+                )
+                if name != method:
+                    shipped = [((self.slot, method, has_remote, *a), k) for a, k in shipped]
+                return route.send(name, [c.rank for c in calls], shipped)
             if not has_remote and method in self.direct:
                 return [
                     self.actor_method(call.rank, method).remote(*args, **kwargs)
@@ -326,7 +344,16 @@ class RayWorkerGroup(WorkerGroup):
         shipped: list[tuple[tuple, dict]],
         rdt: dict[int, list[tuple[str, Any]]],
     ) -> list[Any]:
+        route = self.route
         with self._send_lock:
+            if route is not None:
+                per_call = []
+                for i, (args, kwargs) in enumerate(shipped):
+                    pairs = rdt.get(i, ())
+                    keys = tuple(k for k, _ in pairs)
+                    refs_in = tuple(r for _, r in pairs)
+                    per_call.append(((self.slot, method, keys, *refs_in, *args), kwargs))
+                return route.send(f"{RESERVED_PREFIX}call_rdt", [c.rank for c in calls], per_call)
             refs = []
             for i, (call, (args, kwargs)) in enumerate(zip(calls, shipped, strict=True)):
                 pairs = rdt.get(i, ())

@@ -1,0 +1,264 @@
+"""Per-node relays (`twinkle_ray/relay.py`) on the session's two-node cluster: a group spanning
+both nodes sends each call once per node, and its results, order, failures (user errors, late
+failures, a SIGKILLed worker), hand-offs, colocated objects and restarts are those of the
+direct path, which the same checks run against with `relay_min_nodes=0`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+import pytest
+import ray
+import ray.cloudpickle
+
+from twinkle_core import (
+    ConfigurationError,
+    DeviceGroup,
+    WorkerDiedError,
+    get_worker_context,
+    group_state,
+    initialize,
+    remote_class,
+    remote_function,
+    shutdown,
+)
+
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+pytestmark = pytest.mark.slow
+
+
+@remote_class()
+class Recorder:
+    def __init__(self, base: int = 0) -> None:
+        self.base = base
+        self.seen: list = []
+
+    @remote_function(dispatch="all", collect="none")
+    def where(self):
+        return [ray.get_runtime_context().get_node_id(), os.getpid(), get_worker_context().rank]
+
+    @remote_function(dispatch="all", collect="none")
+    def note(self, value):
+        self.seen.append(value)
+        return get_worker_context().rank * 1000 + self.base + len(self.seen)
+
+    @remote_function(dispatch="all", collect="none")
+    def history(self):
+        return list(self.seen)
+
+    @remote_function(dispatch="slice_dp", collect="concat")
+    def scaled(self, batch, factor):
+        return batch * factor + get_worker_context().rank
+
+    @remote_function(dispatch="all", collect="none")
+    def fail_on(self, rank: int, later_rank: int = -1, later_s: float = 0.0, nap: float = 0.0):
+        me = get_worker_context().rank
+        if me == rank:
+            raise ValueError(f"rank {rank} refuses")
+        if me == later_rank:
+            time.sleep(later_s)
+            raise KeyError(f"rank {later_rank} fails later")
+        time.sleep(nap)
+        return me
+
+    @remote_function(dispatch="all", collect="none")
+    def nap(self, seconds: float):
+        time.sleep(seconds)
+        return get_worker_context().rank
+
+    @remote_function(dispatch="slice_dp", collect="concat")
+    def rows(self, n: int):
+        return np.full((2, 3), float(get_worker_context().rank + n))
+
+
+@remote_class()
+class Consumer:
+    def __init__(self) -> None:
+        pass
+
+    @remote_function(dispatch="slice_dp", collect="concat")
+    def total(self, batch):
+        return np.asarray(batch).sum(axis=1)
+
+
+#: CPU groups are packed onto as few nodes as hold them: 2.5 CPUs per worker of 'spread' puts
+#: two of its workers on each 6-CPU node, leaving room for 'other'.
+SPREAD = {"spread": 2.5, "other": 0.5}
+
+
+def _start(cluster, name: str, restarts: int = 0) -> None:
+    initialize(
+        "ray",
+        address=cluster.address,
+        nproc_per_node=2,
+        groups=[
+            DeviceGroup("spread", [0, 1, 2, 3], "cpu", max_restarts=restarts),
+            DeviceGroup("other", [0, 2], "cpu"),
+        ],
+        name=name,
+        placement_timeout=60,
+        cpus_per_worker=SPREAD,
+    )
+
+
+def _route(obj):
+    return obj.__dict__["_twinkle_binding"].workers.route
+
+
+def _exercise(recorder: Recorder) -> dict:
+    """What the checks compare between the relayed and the direct path."""
+    out: dict = {}
+    out["where"] = recorder.where()()
+    out["first"] = recorder.note({"step": 0, "lr": 0.1})()
+    pending = [recorder.note(i) for i in range(300)]  # issued at once, resolved later
+    out["pipelined"] = [p() for p in pending[::37]]
+    out["history"] = recorder.history()()
+    batch = np.arange(24, dtype=np.float64).reshape(8, 3)
+    out["scaled"] = recorder.scaled(batch, 2.0)()
+    return out
+
+
+def _check(out: dict) -> None:
+    nodes = {node for node, _, _ in out["where"]}
+    assert len(nodes) == 2, f"the group must span both nodes: {out['where']}"
+    assert [r for _, _, r in out["where"]] == [0, 1, 2, 3]
+    assert out["first"] == [r * 1000 + 7 + 1 for r in range(4)]  # Recorder(7): base 7
+    expected = [{"step": 0, "lr": 0.1}, *range(300)]
+    for rank, seen in enumerate(out["history"]):
+        assert seen == expected, f"rank {rank} saw the calls in another order"
+    batch = np.arange(24, dtype=np.float64).reshape(8, 3)
+    want = np.concatenate([batch[2 * r : 2 * r + 2] * 2.0 + r for r in range(4)])
+    np.testing.assert_array_equal(out["scaled"], want)
+
+
+def test_relayed_calls_give_the_direct_paths_results_in_the_same_order(cluster, no_runtime):
+    results = {}
+    for relay_min_nodes in (2, 0):
+        initialize(
+            "ray",
+            address=cluster.address,
+            nproc_per_node=2,
+            groups=[DeviceGroup("spread", [0, 1, 2, 3], "cpu")],
+            name=f"relay-order-{relay_min_nodes}",
+            relay_min_nodes=relay_min_nodes,
+            cpus_per_worker=SPREAD,
+        )
+        try:
+            recorder = Recorder(7, remote_group="spread")
+            route = _route(recorder)
+            if relay_min_nodes:
+                assert route is not None and len(route.relays) == 2
+                assert route.ranks_by_node in ([[0, 1], [2, 3]], [[2, 3], [0, 1]])
+                relay_nodes = ray.get([r._tw_ready.remote() for r in route.relays])
+                worker_nodes = {node for node, _, _ in recorder.where()()}
+                assert len(set(relay_nodes)) == 2 and set(relay_nodes) == worker_nodes
+            else:
+                assert route is None
+            results[relay_min_nodes] = _exercise(recorder)
+            _check(results[relay_min_nodes])
+        finally:
+            shutdown()
+    relayed, direct = results[2], results[0]
+    for key in ("first", "pipelined", "history"):
+        assert relayed[key] == direct[key], key
+    np.testing.assert_array_equal(relayed["scaled"], direct["scaled"])
+
+
+@pytest.fixture(scope="module")
+def relayed(cluster):
+    _start(cluster, "relay-run", restarts=1)
+    try:
+        yield
+    finally:
+        shutdown()
+
+
+def test_a_failure_reaches_the_caller_at_once_with_late_ones_as_notes(relayed):
+    recorder = Recorder(remote_group="spread")
+    assert _route(recorder) is not None
+    start = time.monotonic()
+    with pytest.raises(ValueError, match="rank 3 refuses") as info:
+        # rank 3 (second node) fails at once; rank 0 (first node) fails 1.5 s later; the
+        # others still run for 4 s.
+        recorder.fail_on(3, later_rank=0, later_s=1.5, nap=4)()
+    took = time.monotonic() - start
+    print(f"first failure reached the caller in {took * 1000:.0f} ms")
+    assert took < 10.0  # about 0.05 s on a quiet machine; bounded for a loaded 2-core one
+    assert "test_relay.py" in str(info.value)  # the user's call site
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and "also failed" not in str(
+        getattr(info.value, "__notes__", "")
+    ):
+        time.sleep(0.1)
+    notes = "\n".join(getattr(info.value, "__notes__", []))
+    assert "rank 0" in notes and "also failed" in notes and "KeyError" in notes, notes
+    # The group still serves (a user error is not a death), in order.
+    assert recorder.nap(0)() == [0, 1, 2, 3]
+
+
+def test_a_lazy_result_of_a_relayed_group_is_handed_to_another_group(relayed):
+    producer = Recorder(remote_group="spread")
+    consumer = Consumer(remote_group="other")
+    assert _route(producer) is not None
+    rows = producer.rows(1)
+    total = consumer.total(rows)()
+    want = np.concatenate([np.full((2, 3), float(r + 1)) for r in range(4)]).sum(axis=1)
+    np.testing.assert_array_equal(total, want)
+
+
+def test_colocated_objects_share_the_relays_and_keep_one_order(relayed):
+    first = Recorder(1, remote_group="spread")
+    pending = [first.note(i) for i in range(50)]
+    second = Recorder(2, remote_group="spread")  # built in the same actors, after those calls
+    assert _route(second) is _route(first) is not None
+    assert first.where()() == second.where()()
+    mixed = []
+    for i in range(40):
+        mixed.append((first if i % 2 else second).note(i))
+    assert [p() for p in pending][-1] == [r * 1000 + 1 + 50 for r in range(4)]
+    assert first.history()()[0] == [*range(50), *range(1, 40, 2)]
+    assert second.history()()[0] == list(range(0, 40, 2))
+    assert [m() for m in mixed][-1] == [r * 1000 + 1 + 70 for r in range(4)]
+
+
+def test_a_killed_worker_restarts_the_group_behind_new_relays(relayed):
+    recorder = Recorder(5, remote_group="spread")
+    old = _route(recorder)
+    where = recorder.where()()
+    running = recorder.nap(60)
+    time.sleep(0.5)
+    os.kill(where[2][1], signal.SIGKILL)
+    start = time.monotonic()
+    with pytest.raises(WorkerDiedError) as info:
+        running(timeout=60)
+    took = time.monotonic() - start
+    assert took < 15.0
+    assert "worker rank 2 of group 'spread'" in str(info.value)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and group_state("spread").generation < 1:
+        time.sleep(0.2)
+    assert recorder.nap(0)(timeout=120) == [0, 1, 2, 3]  # on generation 1
+    new = _route(recorder)
+    assert new is not None and new is not old
+    assert recorder.note("after")() == [r * 1000 + 5 + 1 for r in range(4)]
+    # The old generation's relays are gone; the new one's serve on the workers' nodes.
+    for relay in old.relays:
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(relay._tw_ready.remote(), timeout=30)
+    nodes = ray.get([r._tw_ready.remote() for r in new.relays], timeout=30)
+    assert set(nodes) == {node for node, _, _ in recorder.where()()}
+
+
+@pytest.mark.parametrize("value", [-1, 1.5, True, "2"])
+def test_relay_min_nodes_must_be_a_non_negative_integer(value):
+    from twinkle_ray.options import RayOptions
+
+    with pytest.raises(ConfigurationError, match="relay_min_nodes") as info:
+        RayOptions.parse({"relay_min_nodes": value})
+    assert repr(value) in str(info.value)

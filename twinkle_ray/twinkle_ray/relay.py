@@ -1,0 +1,389 @@
+"""One hop per node: a call to a group spanning several nodes goes once to a relay on each node,
+which hands it to that node's workers and gathers their replies.
+
+Without a relay the driver submits one actor task per worker and receives one reply per worker,
+so its time per call grows with the workers (about 0.3 ms of driver CPU per worker here, most
+of a second per call at a thousand workers). With relays it submits one task per node; each
+relay (`NodeRelay`, an async actor with no CPU of its own, in the placement group bundle of its
+node's first worker) submits the node's tasks and returns the node's replies as that many
+return values of its own task (`num_returns`), which the driver owns. So the driver still holds
+one ref per worker, holding that worker's reply: everything downstream (collecting, handing a
+result to another group, waiting, fail-fast, late failures) works on them unchanged.
+
+Why these choices (docs/ray.md, "Relays"):
+
+- **Returns, not refs.** A relay returning the workers' own refs makes the driver a borrower of
+  refs it does not own: measured here, that costs the driver more than submitting the tasks
+  itself (1.1-1.2x raw Ray's driver CPU, 2x the wall time). Replies are small (large results
+  are already envelopes, `transfer.Stored`), so the relay sends them back with its own task.
+- **Ordered by sequence number.** Ray keeps one caller's order per actor, and the workers' only
+  caller is now the relay; the relay is async (replies of many calls gathered at once), and an
+  async actor does not promise to start tasks in submission order, so each submission carries
+  a number and waits for its turn (`NodeRelay._turn`) before submitting.
+- **Everything through the relay.** A task the driver sent straight to a relayed worker could
+  overtake the calls still in the relay. Calls, held-result sends, collective joins and
+  colocated constructors all go through it (`remote_on` for the single tasks).
+- **Failures as values.** One task's returns cannot fail separately, so a worker's error comes
+  back as `RelayFailed` in its slot (and a worker still running when its node's first failure
+  is reported as `StillRunning`, with its ref); `pending.py` raises them as if `ray.get` had.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+import time
+from typing import Any
+
+import ray
+import ray.exceptions
+
+#: After the first failure on a node, how long its relay keeps looking for the node's other
+#: workers failing with it (the driver keeps looking across nodes, `pending.py`).
+FAILURE_GRACE_SECONDS = 0.02
+
+#: How long the driver waits for a relay to hand a single task on (`Route.submit`).
+SUBMIT_TIMEOUT_S = 120.0
+
+
+class RelayFailed:
+    """A worker's failure, returned by its node's relay in the worker's slot: the worker's own
+    result `ref` (owned by the relay), whose `ray.get` raises the error exactly as it would
+    have for the driver's own ref (an exception object sent on by the relay would be pickled
+    again, and not every exception survives that), or the `error` the relay got submitting."""
+
+    __slots__ = ("error", "ref")
+
+    def __init__(self, ref: Any = None, error: BaseException | None = None) -> None:
+        self.ref = ref
+        self.error = error
+
+    def __reduce__(self):
+        return (RelayFailed, (self.ref, self.error))
+
+    def raised(self, timeout: float = 60.0) -> BaseException:
+        """The worker's error, as `ray.get` of its own ref raises it."""
+        if self.ref is None:
+            return self.error or RuntimeError("twinkle: a relay reported a failure without one")
+        try:
+            ray.get(self.ref, timeout=timeout)
+        except Exception as exc:
+            return exc
+        return RuntimeError("twinkle: a relay reported a failure whose result is a value")
+
+
+class StillRunning:
+    """A worker still running when its node's relay reported the node's first failure: `ref`
+    is the worker's own result (owned by the relay), watched for a late failure."""
+
+    __slots__ = ("ref",)
+
+    def __init__(self, ref: Any) -> None:
+        self.ref = ref
+
+    def __reduce__(self):
+        return (StillRunning, (self.ref,))
+
+
+#: The reply types a relay puts in a worker's slot instead of the worker's reply.
+MARKERS = (RelayFailed, StillRunning)
+
+
+class NodeRelay:
+    """Runs in a Ray actor on one node: submits the node's share of each call to the node's
+    workers, in the driver's order, and returns their replies."""
+
+    def __init__(self, handles: list[Any]) -> None:
+        self._handles = list(handles)
+        self._next = 0
+        self._waiting: dict[int, asyncio.Future] = {}
+
+    def _tw_ready(self) -> str:
+        """The relay's node id (the driver waits for this before routing calls here)."""
+        return ray.get_runtime_context().get_node_id()
+
+    async def _turn(self, seq: int) -> None:
+        if seq != self._next:
+            future = self._waiting[seq] = asyncio.get_running_loop().create_future()
+            await future
+
+    def _advance(self) -> None:
+        self._next += 1
+        future = self._waiting.pop(self._next, None)
+        if future is not None and not future.done():
+            future.set_result(None)
+
+    async def fanout(
+        self, seq: int, method: str, indices: tuple[int, ...], shared: bool, arguments: Any
+    ) -> Any:
+        """Submit `method` on the workers at `indices` (this node's list) with `arguments`
+        (one `(args, kwargs)` for all when `shared`, else one per worker), then return their
+        replies: one value when there is one worker, else a tuple (the caller asked for that
+        many returns)."""
+        await self._turn(seq)
+        refs: list[Any] = []
+        try:
+            for n, index in enumerate(indices):
+                args, kwargs = arguments if shared else arguments[n]
+                refs.append(getattr(self._handles[index], method).remote(*args, **kwargs))
+        except BaseException as exc:  # the workers got nothing of it: every slot fails
+            refs = []
+            failed = RelayFailed(error=exc)
+            replies: list[Any] = [failed] * len(indices)
+        finally:
+            self._advance()
+        if refs:
+            replies = await _gather(refs)
+        return replies[0] if len(replies) == 1 else tuple(replies)
+
+    async def submit(self, seq: int, index: int, method: str, args: tuple, kwargs: dict) -> list:
+        """Submit one task on worker `index` in the driver's order and return its ref at once,
+        in a list (so Ray hands it on without waiting for it)."""
+        await self._turn(seq)
+        try:
+            return [getattr(self._handles[index], method).remote(*args, **kwargs)]
+        finally:
+            self._advance()
+
+
+async def _gather(refs: list[Any]) -> list[Any]:
+    """The replies of `refs` in order; on a failure, the failure in its slot as `RelayFailed`,
+    the others that fail within `FAILURE_GRACE_SECONDS` too, and `StillRunning` for the rest.
+    One completion callback per ref (Ray's own thread), no thread or future per ref."""
+    loop = asyncio.get_running_loop()
+    finished = loop.create_future()
+    replies: list[Any] = [None] * len(refs)
+    state = {"left": len(refs), "failed": False}
+    lock = threading.Lock()
+
+    def wake() -> None:
+        if not finished.done():
+            finished.set_result(None)
+
+    def on_completed(i: int, result: Any) -> None:  # on Ray's thread
+        failed = isinstance(result, BaseException)
+        with lock:
+            replies[i] = RelayFailed(refs[i]) if failed else result
+            state["left"] -= 1
+            first_failure = failed and not state["failed"]
+            if failed:
+                state["failed"] = True
+            last = state["left"] == 0
+        if last or first_failure:
+            loop.call_soon_threadsafe(wake)
+
+    done = [False] * len(refs)
+    for i, ref in enumerate(refs):
+
+        def callback(result: Any, i: int = i) -> None:
+            done[i] = True
+            on_completed(i, result)
+
+        ref._on_completed(callback)
+    await finished
+    with lock:
+        complete = state["left"] == 0
+    if not complete:  # a failure, others still running: give them a moment to fail with it
+        end = time.monotonic() + FAILURE_GRACE_SECONDS
+        while time.monotonic() < end:
+            await asyncio.sleep(0.002)
+            with lock:
+                if state["left"] == 0:
+                    break
+        with lock:
+            for i, ref in enumerate(refs):
+                if not done[i]:
+                    replies[i] = StillRunning(ref)
+    return replies
+
+
+# ---------------------------------------------------------------------- driver side
+class RelayedRefs(list):
+    """One ref per worker, returned by relays (`Route.send`): `groups` lists, per relay task,
+    the positions of its workers' refs (all of a task's refs become ready together, so the
+    first of each group stands for the group when waiting: `pending.py` fails fast on it)."""
+
+    __slots__ = ("groups",)
+
+    def __reduce__(self):
+        return (list, (list(self),))
+
+
+class Route:
+    """Driver-side: the relays of one set of actors (`hosts.Hosts`), which rank sits on which
+    relay at which index, and the sequence numbers of the submissions. A number is taken and
+    its task handed to Ray under one lock (`_lock`, held for nothing else), so the numbers
+    reach each relay in the order Ray delivers them."""
+
+    def __init__(self, relays: list[Any], ranks_by_node: list[list[int]]) -> None:
+        self.relays = relays
+        self.ranks_by_node = ranks_by_node
+        #: rank -> (node index, index on that node's relay)
+        self.where: dict[int, tuple[int, int]] = {
+            rank: (node, index)
+            for node, ranks in enumerate(ranks_by_node)
+            for index, rank in enumerate(ranks)
+        }
+        self._seq = [0] * len(relays)
+        self._fanouts = [relay.fanout for relay in relays]
+        self._lock = threading.Lock()
+
+    def _next(self, node: int) -> int:
+        seq = self._seq[node]
+        self._seq[node] = seq + 1
+        return seq
+
+    def send(self, method: str, ranks: list[int], shipped: list[tuple[tuple, dict]]) -> RelayedRefs:
+        """Submit one call (`method` on `ranks`, with `shipped[i]` for `ranks[i]`) through the
+        relays; returns one ref per rank, in `ranks`' order. Arguments that are the very same
+        objects for every worker of a node travel once to that node."""
+        by_node: dict[int, list[int]] = {}
+        where = self.where
+        for i, rank in enumerate(ranks):
+            by_node.setdefault(where[rank][0], []).append(i)
+        refs = RelayedRefs([None] * len(ranks))
+        refs.groups = list(by_node.values())
+        with self._lock:
+            self._send_nodes(method, ranks, shipped, by_node, refs)
+        return refs
+
+    def _send_nodes(
+        self,
+        method: str,
+        ranks: list[int],
+        shipped: list[tuple[tuple, dict]],
+        by_node: dict[int, list[int]],
+        refs: list[Any],
+    ) -> None:
+        where = self.where
+        for node, positions in by_node.items():
+            indices = tuple([where[ranks[i]][1] for i in positions])
+            first = shipped[positions[0]]
+            shared = all(_same(shipped[i], first) for i in positions[1:])
+            arguments: Any = first if shared else [shipped[i] for i in positions]
+            seq = self._next(node)
+            try:
+                got = (
+                    self._fanouts[node]
+                    .options(num_returns=len(positions))
+                    .remote(seq, method, indices, shared, arguments)
+                )
+            except BaseException:
+                self._seq[node] = seq  # never sent: the relay must not wait for it
+                raise
+            if len(positions) == 1:
+                refs[positions[0]] = got
+            else:
+                for i, ref in zip(positions, got, strict=True):
+                    refs[i] = ref
+
+    def submit(self, rank: int, method: str, args: tuple, kwargs: dict) -> Any:
+        """One task on worker `rank`, in order with the calls: its ref (owned by the relay,
+        back after one hop; the relay does not wait for the task)."""
+        listed = self.post(rank, method, args, kwargs)
+        try:
+            return ray.get(listed, timeout=SUBMIT_TIMEOUT_S)[0]
+        except ray.exceptions.GetTimeoutError:
+            raise TimeoutError(
+                f"twinkle: the relay of node {self.where[rank][0]} did not hand {method} to "
+                f"worker rank "
+                f"{rank} within {SUBMIT_TIMEOUT_S:g}s (it only waits for earlier submissions, "
+                "which take microseconds): the relay's node is overloaded or gone"
+            ) from None
+
+    def post(self, rank: int, method: str, args: tuple, kwargs: dict) -> Any:
+        """Hand one task for worker `rank` to its relay, in order with the calls; the relay's
+        reply (a list holding the task's ref), not waited for."""
+        node, index = self.where[rank]
+        with self._lock:
+            seq = self._next(node)
+            try:
+                return self.relays[node].submit.remote(seq, index, method, args, kwargs)
+            except BaseException:
+                self._seq[node] = seq  # never sent: the relay must not wait for it
+                raise
+
+    def kill(self) -> None:
+        for relay in self.relays:
+            try:
+                ray.kill(relay, no_restart=True)
+            except Exception:  # already gone
+                pass
+
+
+def _same(a: tuple[tuple, dict], b: tuple[tuple, dict]) -> bool:
+    """Whether two workers' arguments are the very same objects (identity, item by item)."""
+    (args_a, kwargs_a), (args_b, kwargs_b) = a, b
+    if len(args_a) != len(args_b) or kwargs_a.keys() != kwargs_b.keys():
+        return False
+    return all(x is y for x, y in zip(args_a, args_b, strict=True)) and all(
+        kwargs_a[k] is kwargs_b[k] for k in kwargs_a
+    )
+
+
+#: Driver-side: actor id -> (its route, its rank), for every relayed actor of this process, so
+#: that the single tasks other modules send to an actor (`remote_on`) go through its relay.
+_ROUTED: dict[Any, tuple[Route, int]] = {}
+
+
+def register(route: Route, handles: list[Any]) -> None:
+    """Send the single tasks for `handles` (in rank order) through `route` from now on."""
+    _start_poster()
+    for rank, handle in enumerate(handles):
+        _ROUTED[handle._actor_id] = (route, rank)
+
+
+def unregister(handles: list[Any]) -> None:
+    for handle in handles:
+        _ROUTED.pop(getattr(handle, "_actor_id", None), None)
+
+
+def clear() -> None:
+    _ROUTED.clear()
+
+
+def remote_on(handle: Any, method: str, *args: Any, **kwargs: Any) -> Any:
+    """`handle.<method>.remote(*args, **kwargs)`, through the actor's relay when it has one
+    (so the task keeps its place among the actor's calls); the task's ref either way."""
+    routed = _ROUTED.get(handle._actor_id) if _ROUTED else None
+    if routed is None:
+        return getattr(handle, method).remote(*args, **kwargs)
+    route, rank = routed
+    return route.submit(rank, method, args, kwargs)
+
+
+def post_on(handle: Any, method: str, *args: Any) -> None:
+    """Like `remote_on` for a task nobody waits for, safe where no lock may be taken (a
+    garbage collector's finalizer: it could run while this thread holds a route's lock).
+    Relayed tasks are handed on by a daemon thread, in the order posted."""
+    if not _ROUTED or _ROUTED.get(handle._actor_id) is None:
+        getattr(handle, method).remote(*args)
+        return
+    _POSTED.put((handle, method, args))
+
+
+_POSTED: queue.SimpleQueue = queue.SimpleQueue()
+_POSTER: list[threading.Thread] = []
+
+
+def _start_poster() -> None:
+    """The thread handing on `post_on`'s tasks; started when the first route is registered
+    (never from `post_on`, which may run in a finalizer)."""
+    if not _POSTER or not _POSTER[0].is_alive():
+        thread = threading.Thread(target=_post_loop, name="twinkle-relay-post", daemon=True)
+        thread.start()
+        _POSTER[:] = [thread]
+
+
+def _post_loop() -> None:
+    while True:
+        handle, method, args = _POSTED.get()
+        routed = _ROUTED.get(handle._actor_id)
+        try:
+            if routed is None:
+                getattr(handle, method).remote(*args)
+            else:
+                routed[0].post(routed[1], method, args, {})
+        except Exception:  # the actor or the cluster is gone
+            pass
