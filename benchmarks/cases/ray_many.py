@@ -1,9 +1,17 @@
-"""2. 1000 Ray calls issued, then resolved: cost per call (500 in quick mode).
+"""2. 1000 Ray calls issued, then resolved: cost per call (150 in quick mode), with a small
+config dict (the headline), with an 8x8 array, and with no argument.
 
-twinkle: 1000 `one.noop()` on a one-worker group (each returns a LazyCollect at once), then
-every LazyCollect resolved. raw: 1000 `actor.noop.remote()`, then `ray.get` of the list.
-Fair because both queue the same 1000 actor tasks on one worker and fetch every result; the
-ratio is what twinkle adds per call when calls are pipelined rather than waited for one by one.
+On a one-worker group against one plain actor of the same class (`bench_ops.Ops`):
+- dict (the row's twinkle and raw figures): twinkle issues 1000 `one.take(CONFIG)` (each
+  returns a LazyCollect at once; `dispatch='all'` hands the worker the dict), then resolves
+  every LazyCollect; raw issues 1000 `actor.take.remote(CONFIG)`, then `ray.get` of the list.
+  `CONFIG` is case 1's `{"step": 3, "lr": 1e-4, "tags": ["a", "b"]}`.
+- array (in the note and `extra`): the same with case 1's `ARRAY`, an 8x8 float32 numpy array.
+- no argument (in the note and `extra`): 1000 `one.noop()` against 1000 `actor.noop.remote()`.
+Fair because in every variant both sides queue the same 1000 actor tasks, with the very same
+argument object (sent inline with each task by both), on one worker running the same method,
+and fetch every result; the ratio is what twinkle adds per call when calls are pipelined
+rather than waited for one by one. The six variants run in the same interleaved rounds.
 """
 
 from __future__ import annotations
@@ -11,23 +19,58 @@ from __future__ import annotations
 import ray
 from harness import Context, Row, interleave, row_from_samples
 
+from cases.ray_call import ARRAY, CONFIG, side_figures, side_note
+
 NUMBER, NAME, QUICK, SESSION = "2", "ray-many", True, ("one",)
 
 
 def run(ctx: Context) -> list[Row]:
     one, (actor,) = ctx.ray.twinkle("one"), ctx.ray.raw("one")
-    # Rounds of 1000 calls vary by +-40% on a shared 2-core machine: 25 of them (about 8 s)
-    # keep the medians, and so the ratio, steady from run to run.
-    calls, rounds = (500, 3) if ctx.quick else (1000, 25)
+    # Rounds of 1000 calls vary by +-40% on a shared 2-core machine, so the more the steadier
+    # the medians; 6 rounds of 6 variants (calls with arguments are dearer) take about what 25
+    # of the former 2 no-argument variants did (quick mode: 3 of 150 calls, 3 of 500).
+    calls, rounds = (150, 3) if ctx.quick else (1000, 6)
 
-    def twinkle() -> None:
+    def twinkle_with(value):
+        def go() -> None:
+            lazies = [one.take(value) for _ in range(calls)]
+            for lazy in lazies:
+                lazy(120)
+
+        return go
+
+    def raw_with(value):
+        def go() -> None:
+            refs = [actor.take.remote(value) for _ in range(calls)]
+            ray.get(refs, timeout=120)
+
+        return go
+
+    def twinkle_none() -> None:
         lazies = [one.noop() for _ in range(calls)]
         for lazy in lazies:
             lazy(120)
 
-    def raw() -> None:
+    def raw_none() -> None:
         refs = [actor.noop.remote() for _ in range(calls)]
         ray.get(refs, timeout=120)
 
-    samples = interleave({"twinkle": twinkle, "raw": raw}, rounds, per=calls, warmup=1)
-    return [row_from_samples(NUMBER, f"Ray: {calls} calls issued then resolved", samples)]
+    variants = {
+        "twinkle": twinkle_with(CONFIG),
+        "raw": raw_with(CONFIG),
+        "twinkle-array": twinkle_with(ARRAY),
+        "raw-array": raw_with(ARRAY),
+        "twinkle-none": twinkle_none,
+        "raw-none": raw_none,
+    }
+    samples = interleave(variants, rounds, per=calls, warmup=1)
+    figures = side_figures(samples, ("array", "none"))
+    return [
+        row_from_samples(
+            NUMBER,
+            f"Ray: {calls} calls with a small dict issued then resolved",
+            samples,
+            note=side_note(figures),
+            extra=figures,
+        )
+    ]
