@@ -326,7 +326,11 @@ class RayBackend(ExecutionBackend):
         if opts.relay_min_nodes == 0 or len(by_node) < opts.relay_min_nodes:
             return None
         if not _relay_class:
-            _relay_class.append(ray.remote(num_cpus=0, max_restarts=0)(NodeRelay))
+            # Each call in flight is one coroutine of the relay: allow as many as a driver
+            # pipelines (Ray's default for async actors is 1000).
+            _relay_class.append(
+                ray.remote(num_cpus=0, max_restarts=0, max_concurrency=100_000)(NodeRelay)
+            )
         group = workers.group
         relays = []
         for n, ranks in enumerate(by_node.values()):

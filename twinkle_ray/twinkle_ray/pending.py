@@ -63,6 +63,10 @@ LOOK_FRESH_S = 0.001
 #: At most this many refs go into one `ray.wait` of a look.
 LOOK_REFS = 256
 
+#: How long the other return values of a relay task may take to land once its first has (they
+#: are stored one after the other as its reply is processed: microseconds).
+RETURNS_LAND_S = 30.0
+
 #: At most this many finished calls are fetched by one `ray.get` (`fetch_finished`).
 FETCH_BATCH = 1024
 
@@ -340,9 +344,12 @@ class RayPendingCall(PendingCall):
                 if not ready:
                     raise rex.GetTimeoutError
                 for head in ready:
-                    if _marked(ray.get([refs[i] for i in members[head]], timeout=0)):
+                    # A task's return values land one after the other: its first being ready
+                    # does not make the others so at the same instant, hence no timeout=0.
+                    node = ray.get([refs[i] for i in members[head]], timeout=RETURNS_LAND_S)
+                    if _marked(node):
                         raise _Failed
-        return ray.get(refs, timeout=0)
+        return ray.get(refs, timeout=RETURNS_LAND_S)
 
     def received(self, replies: list[Any]) -> None:
         """Note envelopes' transport fallbacks (once per method and reason) and have held
