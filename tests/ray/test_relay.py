@@ -170,6 +170,29 @@ def test_relayed_calls_give_the_direct_paths_results_in_the_same_order(cluster, 
     np.testing.assert_array_equal(relayed["scaled"], direct["scaled"])
 
 
+def test_every_call_resolves_when_one_relay_returns_many_replies(cluster, no_runtime):
+    """A relay task's return values land one after the other: a call resolved the moment its
+    relay's first return is ready must wait for the others, not call itself timed out (the
+    first version did, within a few hundred calls of 8 returns each)."""
+    initialize(
+        "ray",
+        address=cluster.address,
+        groups=[DeviceGroup("eight", 8, "cpu")],
+        name="relay-returns",
+        relay_min_nodes=1,  # a relay even on one node: all 8 replies come back in one task
+        cpus_per_worker=0.5,
+    )
+    try:
+        recorder = Recorder(remote_group="eight")
+        route = _route(recorder)
+        assert route is not None and len(route.relays) == 1
+        assert route.ranks_by_node == [list(range(8))]
+        for i in range(400):
+            assert recorder.note(i)(30) == [r * 1000 + i + 1 for r in range(8)]
+    finally:
+        shutdown()
+
+
 @pytest.fixture(scope="module")
 def relayed(cluster):
     _start(cluster, "relay-run", restarts=1)
@@ -262,26 +285,3 @@ def test_relay_min_nodes_must_be_a_non_negative_integer(value):
     with pytest.raises(ConfigurationError, match="relay_min_nodes") as info:
         RayOptions.parse({"relay_min_nodes": value})
     assert repr(value) in str(info.value)
-
-
-def test_every_call_resolves_when_one_relay_returns_many_replies(cluster, no_runtime):
-    """A relay task's return values land one after the other: a call resolved the moment its
-    relay's first return is ready must wait for the others, not call itself timed out (the
-    first version did, within a few hundred calls of 8 returns each)."""
-    initialize(
-        "ray",
-        address=cluster.address,
-        groups=[DeviceGroup("eight", 8, "cpu")],
-        name="relay-returns",
-        relay_min_nodes=1,  # a relay even on one node: all 8 replies come back in one task
-        cpus_per_worker=0.5,
-    )
-    try:
-        recorder = Recorder(remote_group="eight")
-        route = _route(recorder)
-        assert route is not None and len(route.relays) == 1
-        assert route.ranks_by_node == [list(range(8))]
-        for i in range(400):
-            assert recorder.note(i)(30) == [r * 1000 + i + 1 for r in range(8)]
-    finally:
-        shutdown()

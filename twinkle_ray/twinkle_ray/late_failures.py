@@ -45,6 +45,8 @@ class WatchedCall(Protocol):
     @property
     def workers(self) -> _NamesFailures: ...
 
+    def relay_slot(self, i: int, exc: BaseException) -> Any: ...
+
 
 class LateFailures:
     """Adds a note to an exception already raised when another rank of its call fails later.
@@ -90,11 +92,18 @@ class LateFailures:
         while True:
             pending, i, first, raised_at, ref = self._queue.get()
             try:
-                reply = ray.get(ref, timeout=0)
-                if type(reply) is RelayFailed:  # a relay returns a worker's error as a value
-                    raise reply.raised()
-                if type(reply) is StillRunning:  # the relay gave up waiting: watch the worker
-                    self._watch_ref(pending, i, first, raised_at, reply.ref)
+                try:
+                    ray.get(ref, timeout=0)
+                except Exception as exc:
+                    slot = pending.relay_slot(i, exc) if ref is pending.value_refs[i] else None
+                    if type(slot) is StillRunning:  # its relay stopped waiting: watch the worker
+                        self._watch_ref(pending, i, first, raised_at, slot.ref)
+                        continue
+                    if type(slot) is RelayFailed:
+                        raise slot.raised() from None
+                    if slot is not None:  # it succeeded; another worker of its node failed
+                        continue
+                    raise
             except Exception as exc:
                 try:
                     late = pending.workers.failure(pending.ranks[i], exc)

@@ -41,7 +41,7 @@ from twinkle_core.plugin import (
 )
 
 from .late_failures import HAS_ON_READY, LATE_FAILURES
-from .relay import MARKERS, RelayedRefs, RelayFailed, StillRunning
+from .relay import RelayedRefs, RelayFailed, StillRunning, slot_of
 from .tracing import link_ids
 from .transfer import ResultMeta, Stored, is_envelope, meta_of, opened_ref
 from .transports import Held, track
@@ -62,10 +62,6 @@ _MAKE_LOCK = threading.Lock()
 LOOK_FRESH_S = 0.001
 #: At most this many refs go into one `ray.wait` of a look.
 LOOK_REFS = 256
-
-#: How long the other return values of a relay task may take to land once its first has (they
-#: are stored one after the other as its reply is processed: microseconds).
-RETURNS_LAND_S = 30.0
 
 #: At most this many finished calls are fetched by one `ray.get` (`fetch_finished`).
 FETCH_BATCH = 1024
@@ -136,10 +132,8 @@ class RayPendingCall(PendingCall):
     #: was (monotonic seconds; never: -inf).
     _seen: Sequence[int] = ()
     _looked_at = -math.inf
-    #: Whether the refs are returns of per-node relays (`relay.py`): a worker's error then
-    #: comes as a `RelayFailed` value in its slot, not as an error of its ref.
-    relayed = False
-    #: A relayed call's groups of workers' positions, one per relay task (`RelayedRefs`).
+    #: When the refs are returns of per-node relays (`relay.py`): the positions of the workers
+    #: of each relay task (`RelayedRefs.groups`), whose errors say what each worker did.
     relay_groups: list[list[int]] | None = None
 
     def __init__(
@@ -158,7 +152,6 @@ class RayPendingCall(PendingCall):
         self.value_refs = value_refs
         self.generation = generation
         if type(value_refs) is RelayedRefs:
-            self.relayed = True
             self.relay_groups = value_refs.groups
 
     @property
@@ -241,11 +234,8 @@ class RayPendingCall(PendingCall):
                     return True
                 continue
             try:
-                reply = checked[i] = ray.get(self.value_refs[i], timeout=0)
+                checked[i] = ray.get(self.value_refs[i], timeout=0)
             except Exception:
-                checked[i] = _FAILED
-                return True
-            if self.relayed and type(reply) in MARKERS:
                 checked[i] = _FAILED
                 return True
         return False
@@ -305,10 +295,7 @@ class RayPendingCall(PendingCall):
             if self._replies is not None:
                 return self._replies
         try:
-            if self.relayed:
-                replies = self._relayed_replies(timeout)
-            else:
-                replies = ray.get(self.value_refs, timeout=timeout)
+            replies = ray.get(self.value_refs, timeout=timeout)
         except rex.GetTimeoutError:
             finished = set(self._finished(ask=True))
             if not self._failed_among(finished):
@@ -321,35 +308,9 @@ class RayPendingCall(PendingCall):
             self._raise_failures()
         except Exception:
             self._raise_failures()
-        if self.relayed and _marked(replies):
-            self._raise_failures()
         self.received(replies)
         self._replies = replies
         return replies
-
-    def _relayed_replies(self, timeout: float | None) -> list[Any]:
-        """Every worker's reply through relays, failing fast: a relay returns a failure as a
-        value (`relay.RelayFailed`), which one `ray.get` of every ref would only show once
-        every node answered. So each relay task is waited for on its own (its first ref
-        stands for it), and a node's failure raises at once (`_Failed`, caught by the caller)."""
-        refs, groups = self.value_refs, self.relay_groups or []
-        heads = [refs[positions[0]] for positions in groups]
-        ready, waiting = ray.wait(heads, num_returns=len(heads), timeout=0, fetch_local=False)
-        if waiting:
-            members = dict(zip(heads, groups, strict=True))
-            deadline = None if timeout is None else time.monotonic() + timeout
-            while waiting:
-                left = None if deadline is None else max(0.0, deadline - time.monotonic())
-                ready, waiting = ray.wait(waiting, num_returns=1, timeout=left, fetch_local=False)
-                if not ready:
-                    raise rex.GetTimeoutError
-                for head in ready:
-                    # A task's return values land one after the other: its first being ready
-                    # does not make the others so at the same instant, hence no timeout=0.
-                    node = ray.get([refs[i] for i in members[head]], timeout=RETURNS_LAND_S)
-                    if _marked(node):
-                        raise _Failed
-        return ray.get(refs, timeout=RETURNS_LAND_S)
 
     def received(self, replies: list[Any]) -> None:
         """Note envelopes' transport fallbacks (once per method and reason) and have held
@@ -364,16 +325,25 @@ class RayPendingCall(PendingCall):
         if held:
             track(self, replies)
 
+    def relay_slot(self, i: int, exc: BaseException) -> Any:
+        """For a relayed call, what the relay reported for worker `i` when its return raised
+        `exc` (`relay.slot_of`): its reply, `RelayFailed` or `StillRunning`; None otherwise."""
+        groups = self.relay_groups
+        if groups is None:
+            return None
+        for positions in groups:
+            if i in positions:
+                return slot_of(exc, positions.index(i))
+        return None
+
     def _failed_among(self, finished: set[int]) -> bool:
         """Whether a worker among `finished` (indices) failed."""
         for i in finished:
             try:
-                reply = ray.get(self.value_refs[i], timeout=0)
+                ray.get(self.value_refs[i], timeout=0)
             except rex.GetTimeoutError:
                 continue
             except Exception:
-                return True
-            if self.relayed and type(reply) in MARKERS:
                 return True
         return False
 
@@ -423,18 +393,17 @@ class RayPendingCall(PendingCall):
             running = []
             for i in indices:
                 try:
-                    reply = ray.get(refs[i], timeout=0)
+                    ray.get(refs[i], timeout=0)
                 except rex.GetTimeoutError:
                     running.append(i)
-                    continue
                 except Exception as exc:
-                    failures.append(self.workers.failure(self.ranks[i], exc))
-                    continue
-                kind = type(reply)
-                if kind is RelayFailed:
-                    failures.append(self.workers.failure(self.ranks[i], reply.raised()))
-                elif kind is StillRunning:
-                    late[i] = reply.ref
+                    slot = self.relay_slot(i, exc)
+                    if slot is None:
+                        failures.append(self.workers.failure(self.ranks[i], exc))
+                    elif type(slot) is RelayFailed:
+                        failures.append(self.workers.failure(self.ranks[i], slot.raised()))
+                    elif type(slot) is StillRunning:
+                        late[i] = slot.ref
             return running
 
         running = harvest(list(range(len(refs))))
@@ -460,18 +429,6 @@ class RayPendingCall(PendingCall):
 
 
 _FAILED = object()
-
-
-class _Failed(Exception):
-    """A relay returned a worker's failure (`RayPendingCall._relayed_replies`)."""
-
-
-def _marked(replies: list[Any]) -> bool:
-    """Whether a relayed call's replies hold a worker's failure (`relay.MARKERS`)."""
-    for reply in replies:
-        if type(reply) in MARKERS:
-            return True
-    return False
 
 
 def _settled(call: RayPendingCall | None) -> bool:
@@ -502,9 +459,6 @@ def fetch_finished(finished: collections.deque) -> None:
     start = 0
     for pending in calls:
         stop = start + len(pending.value_refs)
-        if pending.relayed and _marked(replies[start:stop]):
-            start = stop  # a failure: the call raises it when collected
-            continue
         if pending._replies is None:
             pending.received(replies[start:stop])
             pending._replies = replies[start:stop]

@@ -23,9 +23,11 @@ Why these choices (docs/ray.md, "Relays"):
 - **Everything through the relay.** A task the driver sent straight to a relayed worker could
   overtake the calls still in the relay. Calls, held-result sends, collective joins and
   colocated constructors all go through it (`remote_on` for the single tasks).
-- **Failures as values.** One task's returns cannot fail separately, so a worker's error comes
-  back as `RelayFailed` in its slot (and a worker still running when its node's first failure
-  is reported as `StillRunning`, with its ref); `pending.py` raises them as if `ray.get` had.
+- **Failures.** One task's returns cannot fail separately, so a relay whose node had a failure
+  raises `NodeFailed`: every return of its task is then an error, and the driver's one
+  `ray.get` of the call fails fast as for direct tasks. The error holds each worker's slot:
+  its reply, `RelayFailed` (its own result ref, which raises the worker's error exactly) or
+  `StillRunning` (its ref, watched for a late failure); `pending.py` reads them (`slot_of`).
 """
 
 from __future__ import annotations
@@ -86,8 +88,27 @@ class StillRunning:
         return (StillRunning, (self.ref,))
 
 
-#: The reply types a relay puts in a worker's slot instead of the worker's reply.
-MARKERS = (RelayFailed, StillRunning)
+class NodeFailed(Exception):
+    """Raised by a relay whose node had a failure, so that every return of its task is an
+    error and the driver's one `ray.get` of a call fails fast, as for direct tasks. `slots`
+    holds, per worker of the task, its reply, `RelayFailed` or `StillRunning`."""
+
+    def __init__(self, slots: list[Any]) -> None:
+        super().__init__(f"twinkle: a worker of this relay's node failed ({len(slots)} slots)")
+        self.slots = slots
+
+    def __reduce__(self):
+        return (NodeFailed, (self.slots,))
+
+
+def slot_of(exc: BaseException, k: int) -> Any:
+    """What a relay reported for the `k`-th worker of its task, given the error its return
+    raised: that worker's reply, `RelayFailed` or `StillRunning`; None when `exc` is not a
+    relay's report (the relay itself died: the error stands for the worker)."""
+    cause = exc if isinstance(exc, NodeFailed) else getattr(exc, "cause", None)
+    if not isinstance(cause, NodeFailed):
+        return None
+    return cause.slots[k]
 
 
 class NodeRelay:
@@ -135,6 +156,9 @@ class NodeRelay:
             self._advance()
         if refs:
             replies = await _gather(refs)
+        for reply in replies:
+            if type(reply) is RelayFailed:
+                raise NodeFailed(replies)
         return replies[0] if len(replies) == 1 else tuple(replies)
 
     async def submit(self, seq: int, index: int, method: str, args: tuple, kwargs: dict) -> list:
