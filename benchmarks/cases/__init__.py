@@ -29,4 +29,5 @@ MODULES = (
     "restart_time",
     "ray_args",
     "planning_scale",
+    "ray_relay",
 )

@@ -135,13 +135,13 @@ class NodeRelay:
         if future is not None and not future.done():
             future.set_result(None)
 
-    async def fanout(
-        self, seq: int, method: str, indices: tuple[int, ...], shared: bool, arguments: Any
-    ) -> Any:
-        """Submit `method` on the workers at `indices` (this node's list) with `arguments`
-        (one `(args, kwargs)` for all when `shared`, else one per worker), then return their
-        replies: one value when there is one worker, else a tuple (the caller asked for that
-        many returns)."""
+    async def fanout(self, call: tuple[int, str, tuple[int, ...], bool, Any]) -> Any:
+        """`call` is `(seq, method, indices, shared, arguments)`, one argument (Ray serializes
+        each argument of a task on its own): submit `method` on the workers at `indices` (this
+        node's list) with `arguments` (one `(args, kwargs)` for all when `shared`, else one per
+        worker), then return their replies: one value when there is one worker, else a tuple
+        (the caller asked for that many returns)."""
+        seq, method, indices, shared, arguments = call
         await self._turn(seq)
         refs: list[Any] = []
         try:
@@ -250,7 +250,9 @@ class Route:
             for index, rank in enumerate(ranks)
         }
         self._seq = [0] * len(relays)
-        self._fanouts = [relay.fanout for relay in relays]
+        #: (node, number of returns) -> the relay's `fanout` with those options: Ray's
+        #: `.options()` builds a new method object each time, which costs a call noticeably.
+        self._fanouts: dict[tuple[int, int], Any] = {}
         self._lock = threading.Lock()
 
     def _next(self, node: int) -> int:
@@ -287,12 +289,14 @@ class Route:
             shared = all(_same(shipped[i], first) for i in positions[1:])
             arguments: Any = first if shared else [shipped[i] for i in positions]
             seq = self._next(node)
-            try:
-                got = (
-                    self._fanouts[node]
-                    .options(num_returns=len(positions))
-                    .remote(seq, method, indices, shared, arguments)
+            key = (node, len(positions))
+            fanout = self._fanouts.get(key)
+            if fanout is None:
+                fanout = self._fanouts[key] = self.relays[node].fanout.options(
+                    num_returns=len(positions)
                 )
+            try:
+                got = fanout.remote((seq, method, indices, shared, arguments))
             except BaseException:
                 self._seq[node] = seq  # never sent: the relay must not wait for it
                 raise
