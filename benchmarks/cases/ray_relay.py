@@ -1,0 +1,404 @@
+"""23. Per-node relays (`twinkle_ray/relay.py`): what one call to a group spread over several
+nodes costs the driver, with a relay per node, without, and in plain Ray.
+
+One call with a small argument (`{"step": 3, "lr": 0.1}`, `dispatch='all'`) to W CPU workers
+spread evenly over K simulated nodes (W/K per node), for W in 8, 16, 32 and K in 1, 2, 4; each
+worker's method returns `time.time_ns()` taken when it starts. Three variants:
+
+- relay: twinkle with its default `relay_min_nodes=2`: one task per node to that node's relay,
+  which submits the node's tasks and returns their replies;
+- direct: twinkle with `relay_min_nodes=0`: one task per worker from the driver;
+- raw: plain Ray, one actor per worker pinned to the twinkle workers' nodes, as many on each
+  (`NodeAffinitySchedulingStrategy`), `ray.get([a.stamp.remote(arg) for a in actors])`.
+
+Per call: the driver's CPU time (`time.process_time()` of the driver process around a batch of
+calls waited for one by one, over the batch's size; it includes Ray's core-worker threads in
+the driver), the wall time, and the skew (latest minus earliest start of the call's W
+methods; the median over the calls). Each row's ratio is twinkle's driver CPU over raw Ray's.
+The relay and the direct path cannot be live in one `initialize`, so per (W, K) there are two
+runs, each interleaving its twinkle variant with the same raw actors: run A is relay + raw, run
+B direct + raw; a row's relay/raw uses run A's raw and direct/raw run B's (both raw figures are
+in the notes). At K=1 the default sends calls straight to the workers (a single node is below
+`relay_min_nodes=2`), so the K=1 row is direct vs raw (relay "n/a") and run A uses
+`relay_min_nodes=1` instead, reported in a row of its own: what a relay costs on one node.
+
+Fair: the same method body, argument, worker count and nodes on both sides, the same cluster,
+alternated in rounds (`harness.interleave`) so both see the same machine load; the twinkle
+workers and raw actors of a (W, K) are started before timing and warmed up.
+
+Not a real cluster, and the notes say so: one Ray cluster of 4 simulated nodes
+(`ray.cluster_utils.Cluster`, 2 logical CPUs each), started once in a child process, and all of
+them share this machine's cores. The driver CPU is the driver's own, as on a real cluster, but
+wall time and skew measure the total CPU of every process (relays and workers of all nodes,
+on the same 2 cores), not the critical path of a real cluster, where each node's relay and
+workers run on their own machine.
+
+Placement: a CPU group is one Ray placement group of W bundles (`cpus_per_worker` each,
+strategy PACK); `nproc_per_node` places only accelerator groups. So every node declares
+2 CPUs and each worker reserves 2*K/W: the W bundles fill exactly K nodes, W/K on each (each
+run checks the workers' node ids, and that the expected relays were started). The raw actors
+reserve no CPU (the twinkle group holds the nodes' CPUs; logical CPUs are bookkeeping here),
+the relays neither (as twinkle starts them).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from harness import (
+    BENCH_DIR,
+    Context,
+    Row,
+    child_env,
+    emit,
+    fmt_time,
+    interleave,
+    median,
+    remove_soon,
+    run_child,
+)
+
+from twinkle_core import remote_class, remote_function
+
+NUMBER, NAME, QUICK, SESSION = "23", "ray-relay", False, ()
+
+#: Simulated nodes, and the logical CPUs each declares.
+NODES, NODE_CPUS = 4, 2
+ARG = {"step": 3, "lr": 0.1}
+#: The case's target (issue): relay driver CPU at most 0.35x raw Ray's at 4 nodes x 8 workers.
+TARGET = 0.35
+
+
+class RawStamp:
+    def stamp(self, value: Any) -> int:
+        return time.time_ns()
+
+    def node(self) -> str:
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
+
+@remote_class()
+class Stamp(RawStamp):
+    stamp = remote_function(dispatch="all", collect="none")(RawStamp.stamp)
+    node = remote_function(dispatch="all", collect="none")(RawStamp.node)
+
+
+def configs(quick: bool) -> list[tuple[int, int]]:
+    if quick:
+        return [(8, 1), (8, 2)]
+    return [(w, k) for w in (8, 16, 32) for k in (1, 2, 4)]
+
+
+def run(ctx: Context) -> list[Row]:
+    spec = {
+        "configs": configs(ctx.quick),
+        "rounds": 4 if ctx.quick else 10,
+        # Calls per round: 20 with 8 workers, 10 with more (a call to 32 workers takes ~40 ms
+        # of this machine's 2 cores); 200 or 100 calls per variant.
+        "batch": {w: 10 if ctx.quick else max(10, 160 // w) for w in (8, 16, 32)},
+        "warmup": 1,
+    }
+    result = run_child(
+        [sys.executable, str(BENCH_DIR / "cases" / "ray_relay.py"), json.dumps(spec)],
+        timeout=900,
+        env=child_env(),
+    )
+    ctx.log(f"cluster start {result['cluster_s']:.1f} s")
+    rows: list[Row] = []
+    letters = iter("abcdefghijklmnopqrstuvwxyz")
+    for got in result["configs"]:
+        w, k, a, b = got["W"], got["K"], got["A"], got["B"]
+        med = {
+            "relay": median(a["cpu"]["relay"]),
+            "rawA": median(a["cpu"]["raw"]),
+            "direct": median(b["cpu"]["direct"]),
+            "rawB": median(b["cpu"]["raw"]),
+        }
+        wall = {
+            "relay": median(a["wall"]["relay"]),
+            "rawA": median(a["wall"]["raw"]),
+            "direct": median(b["wall"]["direct"]),
+            "rawB": median(b["wall"]["raw"]),
+        }
+        skew = {
+            "relay": median(a["skew"]["relay"]),
+            "rawA": median(a["skew"]["raw"]),
+            "direct": median(b["skew"]["direct"]),
+            "rawB": median(b["skew"]["raw"]),
+        }
+        samples = {
+            "relay": a["cpu"]["relay"],
+            "raw (A)": a["cpu"]["raw"],
+            "direct": b["cpu"]["direct"],
+            "raw (B)": b["cpu"]["raw"],
+        }
+        extra = {
+            "workers": w,
+            "nodes": k,
+            "driver_cpu_per_call_s": med,
+            "wall_per_call_s": wall,
+            "median_skew_s": skew,
+            "relay_min_nodes_run_a": a["relay_min_nodes"],
+            "relays_started": {"A": a["relays"], "B": b["relays"]},
+            "start_s": {"A": a["start_s"], "B": b["start_s"]},
+            "raw_started_again_for_b": b["raw_started"],
+            "calls_per_variant": len(a["skew"]["relay"]),
+            "elapsed_s": got["elapsed_s"],
+        }
+        shared = (
+            f"wall/call: relay {fmt_time(wall['relay'])}, direct {fmt_time(wall['direct'])}, "
+            f"raw {fmt_time(wall['rawA'])} (A) / {fmt_time(wall['rawB'])} (B); median skew: "
+            f"relay {fmt_time(skew['relay'])}, direct {fmt_time(skew['direct'])}, raw "
+            f"{fmt_time(skew['rawA'])} / {fmt_time(skew['rawB'])}; all {NODES} simulated nodes "
+            "share this machine's cores: wall and skew are every process's CPU, not a real "
+            "cluster's critical path"
+        )
+        direct_ratio = med["direct"] / med["rawB"]
+        if k == 1:
+            rows.append(
+                Row(
+                    f"{NUMBER}{next(letters)}",
+                    f"Ray relays: driver CPU per call, {w} workers on 1 node: twinkle direct "
+                    "(relays n/a below 2 nodes) vs raw",
+                    med["direct"],
+                    med["rawB"],
+                    unit="driver CPU per call",
+                    note=f"relay n/a (relay_min_nodes=2, 1 node); raw from run B; {shared}",
+                    extra=extra,
+                    samples=samples,
+                )
+            )
+            rows.append(
+                Row(
+                    f"{NUMBER}{next(letters)}",
+                    f"Ray relays: driver CPU per call, {w} workers on 1 node through one relay "
+                    "(relay_min_nodes=1) vs raw",
+                    med["relay"],
+                    med["rawA"],
+                    unit="driver CPU per call",
+                    note=(
+                        f"what a relay costs on one node; raw from run A; direct/raw "
+                        f"{direct_ratio:.2f}x (run B); {shared}"
+                    ),
+                    extra=extra,
+                    samples=samples,
+                )
+            )
+            continue
+        target = f" (target <= {TARGET:g}x)" if (w, k) == (32, 4) else ""
+        rows.append(
+            Row(
+                f"{NUMBER}{next(letters)}",
+                f"Ray relays: driver CPU per call, {w} workers on {k} nodes ({w // k} each): "
+                f"twinkle with relays vs raw{target}",
+                med["relay"],
+                med["rawA"],
+                unit="driver CPU per call",
+                note=(
+                    f"raw from run A (beside relay); direct/raw {direct_ratio:.2f}x "
+                    f"(direct {fmt_time(med['direct'])}, raw of run B {fmt_time(med['rawB'])}); "
+                    f"{shared}"
+                ),
+                extra=extra,
+                samples=samples,
+            )
+        )
+    return rows
+
+
+# ------------------------------------------------------------------------------- child
+def _relay_count(run_name: str) -> int:
+    """The relays twinkle started for run `run_name` (named `<run>:<group>:relay:...`)."""
+    import ray.util
+
+    return sum(
+        1
+        for actor in ray.util.list_named_actors(all_namespaces=True)
+        if actor["name"].startswith(f"{run_name}:") and ":relay:" in actor["name"]
+    )
+
+
+def _measure(
+    variants: dict[str, Any], rounds: int, batch: int, warmup: int
+) -> dict[str, dict[str, list[float]]]:
+    """Interleave `variants` (each one call, returning the workers' start stamps): driver CPU
+    and wall per call by round, and the skew of every call, in seconds."""
+    walls: dict[str, list[float]] = {name: [] for name in variants}
+    skews: dict[str, list[float]] = {name: [] for name in variants}
+
+    def batched(name: str, call: Any) -> Any:
+        def go() -> float:
+            stamps = []
+            cpu, start = time.process_time(), time.perf_counter()
+            for _ in range(batch):
+                stamps.append(call())
+            elapsed = time.perf_counter() - start
+            cpu = time.process_time() - cpu
+            walls[name].append(elapsed / batch)
+            skews[name].extend((max(s) - min(s)) / 1e9 for s in stamps)
+            return cpu
+
+        return go
+
+    cpu = interleave(
+        {name: batched(name, call) for name, call in variants.items()},
+        rounds,
+        per=batch,
+        warmup=warmup,
+    )
+    return {
+        "cpu": cpu,
+        "wall": {name: values[warmup:] for name, values in walls.items()},
+        "skew": {name: values[warmup * batch :] for name, values in skews.items()},
+    }
+
+
+def _config(me: Any, address: str, w: int, k: int, spec: dict[str, Any]) -> dict[str, Any]:
+    """Runs A (relay + raw) and B (direct + raw) on `w` workers over `k` nodes."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from twinkle_core import DeviceGroup, initialize, shutdown
+
+    raw_cls = ray.remote(num_cpus=0)(me.RawStamp)
+    actors: list[Any] = []
+    actor_nodes: list[str] = []
+    out: dict[str, Any] = {"W": w, "K": k}
+    try:
+        for run_id, label, min_nodes in (("A", "relay", 1 if k == 1 else 2), ("B", "direct", 0)):
+            run_name = f"relay-bench-{w}x{k}-{label}"
+            start = time.perf_counter()
+            initialize(
+                "ray",
+                address=address,
+                groups=[DeviceGroup("g", list(range(w)), "cpu")],
+                cpus_per_worker=NODE_CPUS * k / w,
+                relay_min_nodes=min_nodes,
+                name=run_name,
+            )
+            try:
+                group = me.Stamp(remote_group="g")
+                nodes = group.node()(300)
+                twinkle_s = time.perf_counter() - start
+                per_node = {n: nodes.count(n) for n in nodes}
+                if sorted(per_node.values()) != [w // k] * k:
+                    raise RuntimeError(
+                        f"twinkle placed {w} workers as {sorted(per_node.values())} per node, "
+                        f"not {w // k} on each of {k} nodes"
+                    )
+                relays = _relay_count(run_name)
+                expected = k if min_nodes and k >= min_nodes else 0
+                if relays != expected:
+                    raise RuntimeError(
+                        f"run {run_id} ({w} workers, {k} nodes, relay_min_nodes={min_nodes}): "
+                        f"{relays} relay(s) started, expected {expected}"
+                    )
+                start = time.perf_counter()
+                # The raw actors go where the twinkle workers are: started again for run B
+                # only if its workers landed on other nodes than run A's.
+                recreated = sorted(nodes) != sorted(actor_nodes)
+                if recreated:
+                    for actor in actors:
+                        ray.kill(actor)
+                    actors = [
+                        raw_cls.options(
+                            scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)
+                        ).remote()
+                        for node in nodes
+                    ]
+                    got = ray.get([a.node.remote() for a in actors], timeout=300)
+                    assert got == nodes, (got, nodes)
+                    actor_nodes = nodes
+                raw_s = time.perf_counter() - start
+
+                def twinkle_call(group=group) -> list[int]:
+                    return group.stamp(ARG)(120)
+
+                def raw_call(actors=actors) -> list[int]:
+                    return ray.get([a.stamp.remote(ARG) for a in actors], timeout=120)
+
+                for call in (twinkle_call, raw_call):
+                    stamps = call()
+                    assert len(stamps) == w and all(isinstance(s, int) for s in stamps), stamps
+                measured = _measure(
+                    {label: twinkle_call, "raw": raw_call},
+                    spec["rounds"],
+                    spec["batch"][str(w)],
+                    spec["warmup"],
+                )
+            finally:
+                shutdown()
+            out[run_id] = {
+                **measured,
+                "relay_min_nodes": min_nodes,
+                "relays": relays,
+                "start_s": {"twinkle": twinkle_s, "raw": raw_s},
+                "raw_started": recreated,
+            }
+    finally:
+        for actor in actors:
+            ray.kill(actor)
+    return out
+
+
+def child(spec: dict[str, Any]) -> None:
+    import ray
+    from ray.cluster_utils import Cluster
+
+    import cases.ray_relay as me  # workers import the classes by this name
+    from twinkle_core import shutdown
+
+    # Cluster records its address in /tmp/ray/ray_current_cluster: put back what was there.
+    address_file = Path("/tmp/ray/ray_current_cluster")
+    previous = address_file.read_text() if address_file.exists() else None
+    temp_dir = tempfile.mkdtemp(prefix="twb-relay-", dir="/tmp")  # short: Ray's socket paths
+    cluster = None
+    store = 100 * 1024 * 1024
+    try:
+        start = time.perf_counter()
+        cluster = Cluster(
+            initialize_head=True,
+            head_node_args={
+                "num_cpus": NODE_CPUS,
+                "object_store_memory": store,
+                "include_dashboard": False,
+                "temp_dir": temp_dir,
+            },
+        )
+        for _ in range(NODES - 1):
+            cluster.add_node(num_cpus=NODE_CPUS, object_store_memory=store)
+        cluster.wait_for_nodes(timeout=120)
+        ray.init(address=cluster.address, log_to_driver=False, logging_level="ERROR")
+        cluster_s = time.perf_counter() - start
+        results = []
+        for w, k in spec["configs"]:
+            begin = time.perf_counter()
+            results.append(_config(me, cluster.address, w, k, spec))
+            results[-1]["elapsed_s"] = time.perf_counter() - begin
+        emit({"cluster_s": cluster_s, "configs": results})
+    finally:
+        try:
+            shutdown()
+        finally:
+            if ray.is_initialized():
+                ray.shutdown()
+            if cluster is not None:
+                cluster.shutdown()
+            remove_soon(temp_dir)
+            if previous is None:
+                address_file.unlink(missing_ok=True)
+            else:
+                os.makedirs(address_file.parent, exist_ok=True)
+                address_file.write_text(previous)
+
+
+if __name__ == "__main__":
+    child(json.loads(sys.argv[1]))
