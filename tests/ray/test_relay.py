@@ -285,3 +285,22 @@ def test_relay_min_nodes_must_be_a_non_negative_integer(value):
     with pytest.raises(ConfigurationError, match="relay_min_nodes") as info:
         RayOptions.parse({"relay_min_nodes": value})
     assert repr(value) in str(info.value)
+
+
+@remote_class()
+class Summer:
+    def __init__(self) -> None:
+        pass
+
+    @remote_function(dispatch="all", collect="none")
+    def total(self, big, small):
+        return [float(np.asarray(big).sum()), small["step"], type(big).__name__]
+
+
+def test_a_large_argument_for_every_worker_is_put_once_and_reaches_each_node(relayed):
+    """A 4 MiB array for every worker (`dispatch='all'`) goes to the object store once
+    (`shipping.py`) and through the relays as a ref, which Ray resolves on each worker."""
+    summer = Summer(remote_group="spread")
+    assert _route(summer) is not None
+    big = np.ones(512 * 1024)  # 4 MiB: above the inline limit
+    assert summer.total(big, {"step": 9})() == [[float(big.size), 9, "ndarray"]] * 4
