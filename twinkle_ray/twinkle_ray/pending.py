@@ -386,24 +386,27 @@ class RayPendingCall(PendingCall):
         """
         refs = self.value_refs
         failures: list[WorkerFailure] = []
-        #: Relayed workers still running when their relay reported: index -> their own ref.
+        #: Relayed workers still running when their relay reported: index -> their own ref,
+        #: looked at (and waited for in the grace) instead of the relay's return.
         late: dict[int, Any] = {}
 
         def harvest(indices: list[int]) -> list[int]:
             running = []
             for i in indices:
+                own = late.get(i)
                 try:
-                    ray.get(refs[i], timeout=0)
+                    ray.get(refs[i] if own is None else own, timeout=0)
                 except rex.GetTimeoutError:
                     running.append(i)
                 except Exception as exc:
-                    slot = self.relay_slot(i, exc)
+                    slot = None if own is not None else self.relay_slot(i, exc)
                     if slot is None:
                         failures.append(self.workers.failure(self.ranks[i], exc))
                     elif type(slot) is RelayFailed:
                         failures.append(self.workers.failure(self.ranks[i], slot.raised()))
                     elif type(slot) is StillRunning:
                         late[i] = slot.ref
+                        running.append(i)
             return running
 
         running = harvest(list(range(len(refs))))
@@ -411,7 +414,10 @@ class RayPendingCall(PendingCall):
         while running and time.monotonic() < end:
             step = min(FAILURE_GRACE_SECONDS, max(0.0, end - time.monotonic()))
             ready, _ = ray.wait(
-                [refs[i] for i in running], num_returns=1, timeout=step, fetch_local=False
+                [late.get(i, refs[i]) for i in running],
+                num_returns=1,
+                timeout=step,
+                fetch_local=False,
             )
             if not ready and failures:
                 break
@@ -423,8 +429,8 @@ class RayPendingCall(PendingCall):
             )
         self._failures = sorted(failures, key=lambda f: f.rank)
         self.workers.on_failures(self._failures, self.generation)
-        if running or late:
-            LATE_FAILURES.watch(self, [*running, *late], self._failures[0], late)
+        if running:
+            LATE_FAILURES.watch(self, running, self._failures[0], late)
         raise WorkersFailedError(self._failures)
 
 

@@ -35,15 +35,10 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
-import time
 from typing import Any
 
 import ray
 import ray.exceptions
-
-#: After the first failure on a node, how long its relay keeps looking for the node's other
-#: workers failing with it (the driver keeps looking across nodes, `pending.py`).
-FAILURE_GRACE_SECONDS = 0.02
 
 #: How long the driver waits for a relay to hand a single task on (`Route.submit`).
 SUBMIT_TIMEOUT_S = 120.0
@@ -172,9 +167,10 @@ class NodeRelay:
 
 
 async def _gather(refs: list[Any]) -> list[Any]:
-    """The replies of `refs` in order; on a failure, the failure in its slot as `RelayFailed`,
-    the others that fail within `FAILURE_GRACE_SECONDS` too, and `StillRunning` for the rest.
-    One completion callback per ref (Ray's own thread), no thread or future per ref."""
+    """The replies of `refs` in order; at the first failure, at once: the failures in their
+    slots as `RelayFailed` and `StillRunning` for the workers not finished, which the driver
+    watches through its own grace for failing together (`pending.py`), as it does for direct
+    tasks. One completion callback per ref (Ray's own thread), no thread or future per ref."""
     loop = asyncio.get_running_loop()
     finished = loop.create_future()
     replies: list[Any] = [None] * len(refs)
@@ -189,6 +185,7 @@ async def _gather(refs: list[Any]) -> list[Any]:
         failed = isinstance(result, BaseException)
         with lock:
             replies[i] = RelayFailed(refs[i]) if failed else result
+            done[i] = True
             state["left"] -= 1
             first_failure = failed and not state["failed"]
             if failed:
@@ -199,27 +196,10 @@ async def _gather(refs: list[Any]) -> list[Any]:
 
     done = [False] * len(refs)
     for i, ref in enumerate(refs):
-
-        def callback(result: Any, i: int = i) -> None:
-            done[i] = True
-            on_completed(i, result)
-
-        ref._on_completed(callback)
+        ref._on_completed(lambda result, i=i: on_completed(i, result))
     await finished
-    with lock:
-        complete = state["left"] == 0
-    if not complete:  # a failure, others still running: give them a moment to fail with it
-        end = time.monotonic() + FAILURE_GRACE_SECONDS
-        while time.monotonic() < end:
-            await asyncio.sleep(0.002)
-            with lock:
-                if state["left"] == 0:
-                    break
-        with lock:
-            for i, ref in enumerate(refs):
-                if not done[i]:
-                    replies[i] = StillRunning(ref)
-    return replies
+    with lock:  # a failure: the rest are reported running; the driver gives them its grace
+        return [reply if done[i] else StillRunning(refs[i]) for i, reply in enumerate(replies)]
 
 
 # ---------------------------------------------------------------------- driver side
