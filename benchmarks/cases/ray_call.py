@@ -35,6 +35,19 @@ CONFIG = {"step": 3, "lr": 1e-4, "tags": ["a", "b"]}
 ARRAY = np.arange(64, dtype=np.float32).reshape(8, 8)
 
 
+def argument_variants(twinkle_with, raw_with, twinkle_none, raw_none) -> dict:
+    """The six variants of cases 1-3, by the names `side_figures` reads: the dict (headline),
+    the array and no argument, each for twinkle and raw."""
+    return {
+        "twinkle": twinkle_with(CONFIG),
+        "raw": raw_with(CONFIG),
+        "twinkle-array": twinkle_with(ARRAY),
+        "raw-array": raw_with(ARRAY),
+        "twinkle-none": twinkle_none,
+        "raw-none": raw_none,
+    }
+
+
 def side_figures(samples: dict[str, list[float]], kinds: tuple[str, ...]) -> dict[str, dict]:
     """Per variant kind other than the headline ('array', 'none'): twinkle's and raw's medians
     (variants `twinkle-<kind>`, `raw-<kind>`) and their ratio."""
@@ -83,12 +96,7 @@ def run(ctx: Context) -> list[Row]:
         ray.get([h.take.remote(CONFIG) for h in handles], timeout=60)
 
     variants = {
-        "twinkle": twinkle_with(CONFIG),
-        "raw": raw_with(CONFIG),
-        "twinkle-array": twinkle_with(ARRAY),
-        "raw-array": raw_with(ARRAY),
-        "twinkle-none": twinkle_none,
-        "raw-none": raw_none,
+        **argument_variants(twinkle_with, raw_with, twinkle_none, raw_none),
         "hosted": hosted,
     }
     samples = interleave(variants, rounds)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import ray
 from harness import Context, Row, interleave, row_from_samples
 
-from cases.ray_call import ARRAY, CONFIG, side_figures, side_note
+from cases.ray_call import argument_variants, side_figures, side_note
 
 NUMBER, NAME, QUICK, SESSION = "2", "ray-many", True, ("one",)
 
@@ -55,14 +55,7 @@ def run(ctx: Context) -> list[Row]:
         refs = [actor.noop.remote() for _ in range(calls)]
         ray.get(refs, timeout=120)
 
-    variants = {
-        "twinkle": twinkle_with(CONFIG),
-        "raw": raw_with(CONFIG),
-        "twinkle-array": twinkle_with(ARRAY),
-        "raw-array": raw_with(ARRAY),
-        "twinkle-none": twinkle_none,
-        "raw-none": raw_none,
-    }
+    variants = argument_variants(twinkle_with, raw_with, twinkle_none, raw_none)
     samples = interleave(variants, rounds, per=calls, warmup=1)
     figures = side_figures(samples, ("array", "none"))
     return [
