@@ -160,3 +160,28 @@ def test_open_file_is_refused_not_sent_as_a_copy(sink, tmp_path):
     with pytest.raises(ZeroDivisionError):
         with checked_arguments("Worker", "step", [WorkerCall(0, (1,), {})]):
             1 / 0  # noqa: B018
+
+
+def test_process_bound_parts_are_found_by_path_inside_containers():
+    """The path to a lock inside containers names keys that look like names and list/tuple
+    indexes; sets add no index; data-like keys show as [...]; nothing past the scan's depth or
+    item limit is looked at, and plain config dicts pass."""
+    from twinkle_ray.payload_check import SCAN_DEPTH, SCAN_ITEMS, check_arguments
+
+    lock = threading.Lock()
+
+    def where(*args, **kwargs) -> str:
+        with pytest.raises(ConfigurationError) as info:
+            check_arguments("W", "m", args, kwargs)
+        return str(info.value).split(" is ")[0]
+
+    assert where({"opt": {"lock": lock}}) == "W.m: argument 0['opt']['lock']"
+    assert where(1, cfg=[0, (5, lock)]) == "W.m: keyword argument 'cfg'[1][1]"
+    assert where({"a b/c": [lock]}) == "W.m: argument 0[...][0]"
+    assert where({7: {lock}}) == "W.m: argument 0[7]"
+    assert where([{"x": 1}, lock]) == "W.m: argument 0[1]"
+    deep = lock
+    for _ in range(SCAN_DEPTH + 1):
+        deep = [deep]
+    check_arguments("W", "m", (deep, [0] * SCAN_ITEMS + [lock]), {})  # not looked at
+    check_arguments("W", "m", ({"step": 3, "lr": 1e-4, "tags": ["a", "b"]},), {"n": 2})

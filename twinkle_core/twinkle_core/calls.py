@@ -142,8 +142,14 @@ def replace_lazy(value: Any, resolve: Callable[[LazyCollect], Any]) -> Any:
     if isinstance(value, dict):
         if not _may_hold_lazy(value.values()):
             return value
-        new = {k: replace_lazy(v, resolve) for k, v in value.items()}
-        return new if any(new[k] is not value[k] for k in value) else value
+        changed = None  # copied on the first replacement only: most dicts hold no lazy
+        for key, item in value.items():
+            replaced = replace_lazy(item, resolve)
+            if replaced is not item:
+                if changed is None:
+                    changed = dict(value)
+                changed[key] = replaced
+        return value if changed is None else changed
     if type(value) in (list, tuple):
         if not _may_hold_lazy(value):
             return value

@@ -107,37 +107,40 @@ def _all_plain(items: Any) -> bool:
     return set(map(type, itertools.islice(items, SCAN_ITEMS))) <= _PLAIN
 
 
-def _scan(value: Any, where: str, depth: int) -> tuple[str, Any, str, str] | None:
+#: Builtin containers: never process-bound themselves, so only their items are looked at.
+_SEQUENCES = (list, tuple, set, frozenset)
+
+
+def _scan(value: Any, depth: int) -> tuple[list[str], Any, str, str] | None:
+    """The first process-bound part of `value`: (the path to it as parts, innermost first),
+    the part, what it is and the fix. The path is built only on a find: this runs on every
+    call with arguments, and a config dict holding a list is the common case."""
     kind = type(value)
     if kind in _PLAIN:
         return None
-    if kind is dict and _all_plain(value.values()):
+    if kind is dict:
+        if _all_plain(value.values()) or depth >= SCAN_DEPTH:
+            return None
+        for key, item in itertools.islice(value.items(), SCAN_ITEMS):
+            found = _scan(item, depth + 1)
+            if found:
+                # Keys are shown only when they look like names (a key might be data).
+                found[0].append(f"[{key!r}]" if _name_like(key) else "[...]")
+                return found
         return None
-    if kind in (list, tuple) and _all_plain(value):
+    if kind in _SEQUENCES:
+        if _all_plain(value) or depth >= SCAN_DEPTH:
+            return None
+        for i, item in enumerate(itertools.islice(value, SCAN_ITEMS)):
+            found = _scan(item, depth + 1)
+            if found:
+                if kind is list or kind is tuple:
+                    found[0].append(f"[{i}]")
+                return found
         return None
     bound = _process_bound(value)
     if bound is not None:
-        return (where, value, *bound)
-    if depth >= SCAN_DEPTH:
-        return None
-    if type(value) in (list, tuple, set, frozenset):
-        for i, item in enumerate(value):
-            if i >= SCAN_ITEMS:
-                break
-            found = _scan(
-                item, f"{where}[{i}]" if type(value) in (list, tuple) else where, depth + 1
-            )
-            if found:
-                return found
-    elif type(value) is dict:
-        for i, (key, item) in enumerate(value.items()):
-            if i >= SCAN_ITEMS:
-                break
-            # Keys are shown only when they look like names (a key might be data).
-            shown = f"[{key!r}]" if _name_like(key) else "[...]"
-            found = _scan(item, f"{where}{shown}", depth + 1)
-            if found:
-                return found
+        return ([], value, *bound)
     return None
 
 
@@ -149,9 +152,10 @@ def check_arguments(class_name: str, method: str, args: Sequence[Any], kwargs: d
 
 
 def _check_one(class_name: str, method: str, index: int | str, value: Any) -> None:
-    found = _scan(value, _label(index), 0)
+    found = _scan(value, 0)
     if found is not None:
-        where, bad, what, fix = found
+        path, bad, what, fix = found
+        where = _label(index) + "".join(reversed(path))
         raise ConfigurationError(
             f"{class_name}.{method}: {where} is {what} ({_type_name(bad)}), which cannot be "
             f"sent to a Ray worker; {fix}"
