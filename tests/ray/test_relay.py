@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import ray
 import ray.cloudpickle
+import torch
 
 from twinkle_core import (
     ConfigurationError,
@@ -76,6 +77,11 @@ class Recorder:
     def rows(self, n: int):
         return np.full((2, 3), float(get_worker_context().rank + n))
 
+    @remote_function(dispatch="all", collect="concat", transport="gloo")
+    def held_rows(self, n: int):
+        """A 1 MiB tensor per rank, kept by its worker until a consumer receives it."""
+        return torch.full((n, 256), float(get_worker_context().rank + 1), dtype=torch.float64)
+
 
 @remote_class()
 class Consumer:
@@ -85,6 +91,10 @@ class Consumer:
     @remote_function(dispatch="slice_dp", collect="concat")
     def total(self, batch):
         return np.asarray(batch).sum(axis=1)
+
+    @remote_function(dispatch="all", collect="none")
+    def echo(self, value):
+        return value
 
 
 #: CPU groups are packed onto as few nodes as hold them: 2.5 CPUs per worker of 'spread' puts
@@ -171,9 +181,9 @@ def test_relayed_calls_give_the_direct_paths_results_in_the_same_order(cluster, 
 
 
 def test_every_call_resolves_when_one_relay_returns_many_replies(cluster, no_runtime):
-    """A relay task's return values land one after the other: a call resolved the moment its
-    relay's first return is ready must wait for the others, not call itself timed out (the
-    first version did, within a few hundred calls of 8 returns each)."""
+    """All 8 replies of a node come back in its relay's one list, each to its own rank, call
+    after call (a first version, with one return value per worker, landing one after the
+    other, called itself timed out within a few hundred calls)."""
     initialize(
         "ray",
         address=cluster.address,
@@ -189,6 +199,8 @@ def test_every_call_resolves_when_one_relay_returns_many_replies(cluster, no_run
         assert route.ranks_by_node == [list(range(8))]
         for i in range(400):
             assert recorder.note(i)(30) == [r * 1000 + i + 1 for r in range(8)]
+        refs = recorder.note(400).source.pending.value_refs
+        assert len(refs) == 8 and len(refs.nodes) == 1  # the driver owns one ref per node
     finally:
         shutdown()
 
@@ -233,6 +245,27 @@ def test_a_lazy_result_of_a_relayed_group_is_handed_to_another_group(relayed):
     total = consumer.total(rows)()
     want = np.concatenate([np.full((2, 3), float(r + 1)) for r in range(4)]).sum(axis=1)
     np.testing.assert_array_equal(total, want)
+
+
+def test_held_and_whole_results_of_a_relayed_group_reach_another_group(relayed):
+    """A relayed call's driver-side refs are one per node (each holding its node's replies);
+    handed to another group, every worker's reply gets a ref of its own: a result held by its
+    producer (gloo transport) is sent from the right rank, and a whole result
+    (`dispatch='all'`, `collect='none'`) reaches every consumer as the driver would see it."""
+    from twinkle_ray.transports import Held
+
+    producer = Recorder(remote_group="spread")
+    consumer = Consumer(remote_group="other")
+    assert _route(producer) is not None
+    lazy = producer.held_rows(1024)
+    pending = lazy.source.pending
+    assert len(pending.value_refs) == 4 and len(pending.value_refs.nodes) == 2
+    assert all(type(r) is Held for r in pending.wait_replies(120))
+    got = consumer.total(lazy)(120)  # 'other' has 2 workers: each sums 2 ranks' rows
+    want = np.concatenate([np.full(1024, 256.0 * (r + 1)) for r in range(4)])
+    np.testing.assert_array_equal(got, want)
+    where = producer.where()
+    assert consumer.echo(where)(120) == [where(120)] * 2
 
 
 def test_colocated_objects_share_the_relays_and_keep_one_order(relayed):

@@ -97,6 +97,7 @@ def keep_until_done(refs: list[Any], producers: Sequence[Any]) -> None:
             except TypeError:  # refs that cannot be weakly referenced: kept no longer
                 pass
         return
+    refs = _fetched_refs(refs)  # a relayed call's: one per node
     left = [len(refs)]
     keep = [producers]
 
@@ -132,9 +133,8 @@ class RayPendingCall(PendingCall):
     #: was (monotonic seconds; never: -inf).
     _seen: Sequence[int] = ()
     _looked_at = -math.inf
-    #: When the refs are returns of per-node relays (`relay.py`): the positions of the workers
-    #: of each relay task (`RelayedRefs.groups`), whose errors say what each worker did.
-    relay_groups: list[list[int]] | None = None
+    #: For a relayed call: one ref per worker of its own, holding its reply (`reply_refs`).
+    _own_refs: list[Any] | None = None
 
     def __init__(
         self,
@@ -148,11 +148,10 @@ class RayPendingCall(PendingCall):
         self.method = method
         self.ranks = ranks
         #: One ref per worker: the worker's reply (its result, or a `Stored` or `Held`
-        #: envelope).
+        #: envelope); for a relayed call (`RelayedRefs`), the ref of the relay task of the
+        #: worker's node, whose list holds the reply (`RelayedRefs.at`).
         self.value_refs = value_refs
         self.generation = generation
-        if type(value_refs) is RelayedRefs:
-            self.relay_groups = value_refs.groups
 
     @property
     def _lock(self) -> threading.Lock:
@@ -294,8 +293,12 @@ class RayPendingCall(PendingCall):
             fetch_finished(self.workers.finished)  # this call's too, when it has finished
             if self._replies is not None:
                 return self._replies
+        refs = self.value_refs
         try:
-            replies = ray.get(self.value_refs, timeout=timeout)
+            if type(refs) is RelayedRefs:
+                replies = refs.expand(ray.get(refs.nodes, timeout=timeout))
+            else:
+                replies = ray.get(refs, timeout=timeout)
         except rex.GetTimeoutError:
             finished = set(self._finished(ask=True))
             if not self._failed_among(finished):
@@ -326,15 +329,27 @@ class RayPendingCall(PendingCall):
             track(self, replies)
 
     def relay_slot(self, i: int, exc: BaseException) -> Any:
-        """For a relayed call, what the relay reported for worker `i` when its return raised
-        `exc` (`relay.slot_of`): its reply, `RelayFailed` or `StillRunning`; None otherwise."""
-        groups = self.relay_groups
-        if groups is None:
+        """For a relayed call, what the relay reported for worker `i` when its node's return
+        raised `exc` (`relay.slot_of`): its reply, `RelayFailed` or `StillRunning`; None
+        otherwise."""
+        refs = self.value_refs
+        if type(refs) is not RelayedRefs:
             return None
-        for positions in groups:
-            if i in positions:
-                return slot_of(exc, positions.index(i))
-        return None
+        return slot_of(exc, refs.at[i][1])
+
+    def reply_refs(self) -> list[Any]:
+        """One ref per worker holding its reply, for handing the results to another group
+        (after `wait_replies`). A relayed call's refs are its nodes' lists, so the driver puts
+        the replies it fetched, once per call: they are small (large results are `Stored`
+        envelopes, which hold refs of their own)."""
+        refs = self.value_refs
+        if type(refs) is not RelayedRefs:
+            return refs
+        with self._lock:
+            own = self._own_refs
+            if own is None:
+                own = self._own_refs = [ray.put(reply) for reply in self._fetch_replies(None)]
+            return own
 
     def _failed_among(self, finished: set[int]) -> bool:
         """Whether a worker among `finished` (indices) failed."""
@@ -414,7 +429,7 @@ class RayPendingCall(PendingCall):
         while running and time.monotonic() < end:
             step = min(FAILURE_GRACE_SECONDS, max(0.0, end - time.monotonic()))
             ready, _ = ray.wait(
-                [late.get(i, refs[i]) for i in running],
+                list(dict.fromkeys([late.get(i, refs[i]) for i in running])),  # no ref twice
                 num_returns=1,
                 timeout=step,
                 fetch_local=False,
@@ -457,15 +472,24 @@ def fetch_finished(finished: collections.deque) -> None:
             calls.append(pending)
     if not calls:
         return
-    refs = [ref for pending in calls for ref in pending.value_refs]
+    refs = [ref for pending in calls for ref in _fetched_refs(pending.value_refs)]
     try:
         replies = ray.get(refs, timeout=0)  # all finished: nothing to wait for
     except Exception:
         return
     start = 0
     for pending in calls:
-        stop = start + len(pending.value_refs)
+        own = pending.value_refs
+        relayed = type(own) is RelayedRefs
+        stop = start + (len(own.nodes) if relayed else len(own))
         if pending._replies is None:
-            pending.received(replies[start:stop])
-            pending._replies = replies[start:stop]
+            got = own.expand(replies[start:stop]) if relayed else replies[start:stop]
+            pending.received(got)
+            pending._replies = got
         start = stop
+
+
+def _fetched_refs(refs: list[Any]) -> list[Any]:
+    """The refs a call's replies are fetched from: one per worker, or a relayed call's one per
+    node."""
+    return refs.nodes if type(refs) is RelayedRefs else refs

@@ -5,17 +5,23 @@ Without a relay the driver submits one actor task per worker and receives one re
 so its time per call grows with the workers (about 0.3 ms of driver CPU per worker here, most
 of a second per call at a thousand workers). With relays it submits one task per node; each
 relay (`NodeRelay`, an async actor with no CPU of its own, in the placement group bundle of its
-node's first worker) submits the node's tasks and returns the node's replies as that many
-return values of its own task (`num_returns`), which the driver owns. So the driver still holds
-one ref per worker, holding that worker's reply: everything downstream (collecting, handing a
-result to another group, waiting, fail-fast, late failures) works on them unchanged.
+node's first worker) submits the node's tasks and returns the node's replies,
+in one list, as the one return value of its own task. The driver owns one ref per node
+(`RelayedRefs`: one entry per worker, the ref of the worker's node, and where in that node's
+list its reply sits); `pending.py` fetches the node lists and takes each worker's reply from
+its node's. Where a worker's result must have a ref of its own (a hand-off to another group, a
+held result), the driver puts the reply it fetched (small: large results are `transfer.Stored`
+envelopes) once for the call (`RayPendingCall.reply_refs`).
 
 Why these choices (docs/ray.md, "Relays"):
 
-- **Returns, not refs.** A relay returning the workers' own refs makes the driver a borrower of
-  refs it does not own: measured here, that costs the driver more than submitting the tasks
-  itself (1.1-1.2x raw Ray's driver CPU, 2x the wall time). Replies are small (large results
-  are already envelopes, `transfer.Stored`), so the relay sends them back with its own task.
+- **One list per node, not the workers' refs.** A relay returning the workers' own refs makes
+  the driver a borrower of refs it does not own: measured here, that costs the driver more than
+  submitting the tasks itself (1.1-1.2x raw Ray's driver CPU, 2x the wall time). Replies are
+  small (large results are already envelopes, `transfer.Stored`), so the relay sends them back
+  with its own task. One return value per worker (`num_returns`) kept a ref per worker, but
+  Ray's cost per return value held the driver at 0.37-0.44x raw Ray's CPU at 32 workers on 4
+  nodes; one list per node is what the issue's 0.35x needs.
 - **Ordered by sequence number.** Ray keeps one caller's order per actor, and the workers' only
   caller is now the relay; the relay is async (replies of many calls gathered at once), and an
   async actor does not promise to start tasks in submission order, so each submission carries
@@ -23,16 +29,17 @@ Why these choices (docs/ray.md, "Relays"):
 - **Everything through the relay.** A task the driver sent straight to a relayed worker could
   overtake the calls still in the relay. Calls, held-result sends, collective joins and
   colocated constructors all go through it (`remote_on` for the single tasks).
-- **Failures.** One task's returns cannot fail separately, so a relay whose node had a failure
-  raises `NodeFailed`: every return of its task is then an error, and the driver's one
-  `ray.get` of the call fails fast as for direct tasks. The error holds each worker's slot:
-  its reply, `RelayFailed` (its own result ref, which raises the worker's error exactly) or
-  `StillRunning` (its ref, watched for a late failure); `pending.py` reads them (`slot_of`).
+- **Failures.** A relay whose node had a failure raises `NodeFailed`: its task's return is
+  then an error, and the driver's one `ray.get` of the call fails fast as for direct tasks.
+  The error holds each worker's slot: its reply, `RelayFailed` (its own result ref, which
+  raises the worker's error exactly) or `StillRunning` (its ref, watched for a late failure);
+  `pending.py` reads them (`slot_of`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import operator
 import queue
 import threading
 from typing import Any
@@ -134,8 +141,7 @@ class NodeRelay:
         """`call` is `(seq, method, indices, shared, arguments)`, one argument (Ray serializes
         each argument of a task on its own): submit `method` on the workers at `indices` (this
         node's list) with `arguments` (one `(args, kwargs)` for all when `shared`, else one per
-        worker), then return their replies: one value when there is one worker, else a tuple
-        (the caller asked for that many returns)."""
+        worker), then return their replies, in one list in the order of `indices`."""
         seq, method, indices, shared, arguments = call
         await self._turn(seq)
         refs: list[Any] = []
@@ -154,7 +160,7 @@ class NodeRelay:
         for reply in replies:
             if type(reply) is RelayFailed:
                 raise NodeFailed(replies)
-        return replies[0] if len(replies) == 1 else tuple(replies)
+        return replies
 
     async def submit(self, seq: int, index: int, method: str, args: tuple, kwargs: dict) -> list:
         """Submit one task on worker `index` in the driver's order and return its ref at once,
@@ -204,14 +210,18 @@ async def _gather(refs: list[Any]) -> list[Any]:
 
 # ---------------------------------------------------------------------- driver side
 class RelayedRefs(list):
-    """One ref per worker, returned by relays (`Route.send`): `groups` lists, per relay task,
-    the positions of its workers' refs (all of a task's refs become ready together, so the
-    first of each group stands for the group when waiting: `pending.py` fails fast on it)."""
+    """One entry per worker, returned by `Route.send`: the ref of the relay task of the worker's
+    node (the same ref for every worker of a node). `nodes` lists those refs once each, and
+    `at[i]` says which of them holds worker `i`'s reply and where in its list: `(node, k)`."""
 
-    __slots__ = ("groups",)
+    __slots__ = ("at", "nodes")
 
     def __reduce__(self):
         return (list, (list(self),))
+
+    def expand(self, lists: list[Any]) -> list[Any]:
+        """Every worker's reply, from the relays' lists (`lists[n]` for `nodes[n]`)."""
+        return [lists[n][k] for n, k in self.at]
 
 
 class Route:
@@ -230,9 +240,8 @@ class Route:
             for index, rank in enumerate(ranks)
         }
         self._seq = [0] * len(relays)
-        #: (node, number of returns) -> the relay's `fanout` with those options: Ray's
-        #: `.options()` builds a new method object each time, which costs a call noticeably.
-        self._fanouts: dict[tuple[int, int], Any] = {}
+        #: Each relay's `fanout` method, looked up once (`handle.fanout` builds it anew).
+        self._fanouts = [relay.fanout for relay in relays]
         self._lock = threading.Lock()
 
     def _next(self, node: int) -> int:
@@ -249,9 +258,13 @@ class Route:
         for i, rank in enumerate(ranks):
             by_node.setdefault(where[rank][0], []).append(i)
         refs = RelayedRefs([None] * len(ranks))
-        refs.groups = list(by_node.values())
+        at: list[tuple[int, int]] = [(0, 0)] * len(ranks)
+        for n, positions in enumerate(by_node.values()):
+            for k, i in enumerate(positions):
+                at[i] = (n, k)
+        refs.at = at
         with self._lock:
-            self._send_nodes(method, ranks, shipped, by_node, refs)
+            refs.nodes = self._send_nodes(method, ranks, shipped, by_node, refs)
         return refs
 
     def _send_nodes(
@@ -261,30 +274,26 @@ class Route:
         shipped: list[tuple[tuple, dict]],
         by_node: dict[int, list[int]],
         refs: list[Any],
-    ) -> None:
-        where = self.where
+    ) -> list[Any]:
+        """Hand each node its share; fills `refs` (one per worker) and returns the relay tasks'
+        refs, one per node in `by_node`'s order."""
+        where, fanouts = self.where, self._fanouts
+        nodes = []
         for node, positions in by_node.items():
             indices = tuple([where[ranks[i]][1] for i in positions])
             first = shipped[positions[0]]
             shared = all(_same(shipped[i], first) for i in positions[1:])
             arguments: Any = first if shared else [shipped[i] for i in positions]
             seq = self._next(node)
-            key = (node, len(positions))
-            fanout = self._fanouts.get(key)
-            if fanout is None:
-                fanout = self._fanouts[key] = self.relays[node].fanout.options(
-                    num_returns=len(positions)
-                )
             try:
-                got = fanout.remote((seq, method, indices, shared, arguments))
+                got = fanouts[node].remote((seq, method, indices, shared, arguments))
             except BaseException:
                 self._seq[node] = seq  # never sent: the relay must not wait for it
                 raise
-            if len(positions) == 1:
-                refs[positions[0]] = got
-            else:
-                for i, ref in zip(positions, got, strict=True):
-                    refs[i] = ref
+            for i in positions:
+                refs[i] = got
+            nodes.append(got)
+        return nodes
 
     def submit(self, rank: int, method: str, args: tuple, kwargs: dict) -> Any:
         """One task on worker `rank`, in order with the calls: its ref (owned by the relay,
@@ -321,13 +330,18 @@ class Route:
 
 
 def _same(a: tuple[tuple, dict], b: tuple[tuple, dict]) -> bool:
-    """Whether two workers' arguments are the very same objects (identity, item by item)."""
+    """Whether two workers' arguments are the very same objects (identity, item by item);
+    `dispatch='all'` gives every worker the very same args tuple, which decides at once."""
     (args_a, kwargs_a), (args_b, kwargs_b) = a, b
-    if len(args_a) != len(args_b) or kwargs_a.keys() != kwargs_b.keys():
+    if args_a is not args_b and (
+        len(args_a) != len(args_b) or not all(map(operator.is_, args_a, args_b))
+    ):
         return False
-    return all(x is y for x, y in zip(args_a, args_b, strict=True)) and all(
-        kwargs_a[k] is kwargs_b[k] for k in kwargs_a
-    )
+    if not kwargs_a and not kwargs_b:
+        return True
+    if kwargs_a.keys() != kwargs_b.keys():
+        return False
+    return all(kwargs_a[k] is kwargs_b[k] for k in kwargs_a)
 
 
 #: Driver-side: actor id -> (its route, its rank), for every relayed actor of this process, so

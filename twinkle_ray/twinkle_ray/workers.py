@@ -389,15 +389,16 @@ class RayWorkerGroup(WorkerGroup):
             replies = pending.wait_replies(None)
         except (WorkersFailedError, CallTimeoutError):
             return value()  # raises the producer's failure, tagged with its call site
+        refs = pending.reply_refs()  # one per worker (a relayed call's: put once here)
         placeholder = build_placeholder(
-            source.collector, source.device_mesh, pending.value_refs, replies, dispatcher
+            source.collector, source.device_mesh, refs, replies, dispatcher
         )
         if placeholder is None:
             return value()
         local = call.backend_data
         if local is None:
             local = call.backend_data = _CallArguments()
-        held = held_replies(pending.value_refs, replies)
+        held = held_replies(refs, replies)
         if held:
             mine = local.held or {}
             mine.update({ref: (h, pending.workers) for ref, h in held.items()})
