@@ -302,6 +302,13 @@ def test_arguments_ray_cannot_ship_are_refused_before_sending(run, tmp_path):
     path.write_text("contents")
     with open(path) as f, pytest.raises(ConfigurationError, match="is an open file"):
         run["four"].keywords(f)
+    # Inside a config dict of plain values (which skips the checks when it is all plain).
+    with pytest.raises(ConfigurationError, match=r"argument 0\['opt'\]\['lock'\] is a lock"):
+        run["four"].keywords({"step": 1, "opt": {"lock": lock}})
+    assert (
+        run["four"].keywords({"step": 1, "opt": {"lr": 0.1}})()
+        == [[{"step": 1, "opt": {"lr": 0.1}}, "default", None]] * 4
+    )
     assert run["four"].keywords(1)() == [[1, "default", None]] * 4  # the group still works
 
 

@@ -31,6 +31,7 @@ from .errors import (
 from .failures import CALLER_TAG, CallFailure, WorkersFailedError, tag_exception
 from .handoff import finish_hand_off, has_stand_ins
 from .lazy import LazyCollect
+from .plain import is_plain_data
 from .plugins import plugin_system
 from .transport import check_registered
 
@@ -322,9 +323,10 @@ def invoke(
         call_id, traced_at = rec.begin_call()
     targets = target_ranks(spec.execute, workers)
     prepared = PreparedCall(spec.name, dispatcher)
-    if args:
+    # Plain data (a config dict, token ids) holds no LazyCollect: not walked (`plain.py`).
+    if args and not is_plain_data(args):
         args = _resolve_lazy(args, workers, prepared)
-    if kwargs:
+    if kwargs and not is_plain_data(kwargs):
         kwargs = _resolve_lazy(kwargs, workers, prepared)
     mesh = call_mesh(targets, workers)
     per_worker = dispatcher.dispatch(args, kwargs, len(targets), mesh)

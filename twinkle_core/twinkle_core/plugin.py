@@ -62,6 +62,7 @@ from .handoff import builtin_hand_off, hand_off_value, reference_memo
 from .health import RESTART, RESTARTING, TEAR_DOWN
 from .hookspecs import hookimpl
 from .notify import Notifier
+from .plain import is_plain_data
 from .platform import AcceleratorPlatform, CpuPlatform, detect_platform, get_platform
 from .plugins import get_plugin, registered_names
 from .portable import PortableException, portable_exception, rebuilt
@@ -145,6 +146,7 @@ __all__ = [
     "hand_off_value",
     "hookimpl",
     "is_array_like",
+    "is_plain_data",
     "looks_secret",
     "method_options",
     "note_fallback",

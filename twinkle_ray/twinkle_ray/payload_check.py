@@ -17,6 +17,9 @@ Two kinds of argument go wrong on Ray when nothing checks them:
 Wire both with one line in the backend's submit, around the shipping and the `.remote()` calls:
 
     with checked_arguments(self.class_name, method, calls):
+
+Calls whose arguments are all plain data (`all_plain_data`: a config dict, token ids) need
+neither check and skip it.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from twinkle_core import ConfigurationError
+from twinkle_core.plugin import is_plain_data
 
 #: Containers whose items are looked at (up to `SCAN_ITEMS` of them, `SCAN_DEPTH` levels deep).
 SCAN_ITEMS = 32
@@ -233,6 +237,22 @@ def _culprit(value: Any, depth: int = 0) -> list[str]:
             continue
         return [*here, how, *_culprit(part, depth + 1)]
     return here
+
+
+def all_plain_data(calls: Sequence[Any]) -> bool:
+    """Whether every argument of `calls` is plain data (`twinkle_core.plugin.is_plain_data`):
+    nothing then to refuse or to explain, so `checked_arguments` can be skipped. The very same
+    args tuple for every worker (`dispatch='all'`) is looked at once."""
+    last = None
+    for call in calls:
+        args = call.args
+        if args is not last:
+            if not is_plain_data(args):
+                return False
+            last = args
+        if call.kwargs and not is_plain_data(call.kwargs):
+            return False
+    return True
 
 
 @contextlib.contextmanager

@@ -46,7 +46,7 @@ from twinkle_core.plugin import (
 
 from .actor import RESERVED_PREFIX
 from .deaths import DEATH_ERRORS, how_it_died
-from .payload_check import checked_arguments
+from .payload_check import all_plain_data, checked_arguments
 from .pending import RayPendingCall, keep_until_done
 from .placeholders import PLACEHOLDER_DISPATCHERS, build_placeholder
 from .relay import unregister
@@ -280,7 +280,9 @@ class RayWorkerGroup(WorkerGroup):
             if c.args or c.kwargs:
                 has_arguments = True
                 break
-        if has_arguments:
+        if has_arguments and all_plain_data(calls):  # nothing to refuse, and it pickles
+            refs = self._send(method, calls, has_remote, rdt)
+        elif has_arguments:
             # Arguments Ray would ship wrongly (an open file, a lock) are refused before
             # anything is sent, and one that does not pickle is named without its value.
             with checked_arguments(self.class_name, method, calls):
