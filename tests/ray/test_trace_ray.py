@@ -198,3 +198,40 @@ def test_untraced_run_records_nothing_in_its_actors(cluster, traced):
         assert ray_tracing.ask(info, "trace", 10.0) == {"snapshot": None}
     finally:
         shutdown()
+
+
+def test_relayed_calls_link_to_their_executions(cluster, tmp_path):
+    """Through per-node relays (forced on one node) the driver's refs are the relays' tasks,
+    not the workers': each execution is still tied to the driver's call that made it (its
+    call id, and a flow arrow from the driver)."""
+    path = tmp_path / "relayed.json"
+    initialize(
+        "ray",
+        address=cluster.address,
+        groups=[DeviceGroup("relayed", 2, "cpu")],
+        trace=str(path),
+        name="trace-relayed",
+        relay_min_nodes=1,
+    )
+    try:
+        sampler = Sampler(remote_group="relayed")
+        assert sampler.__dict__["_twinkle_binding"].workers.route is not None
+        for i in range(3):
+            assert sampler.sample(i, pause=0.01)() == [i, i]
+    finally:
+        shutdown()
+    events = json.loads(path.read_text())["traceEvents"]
+    runs = [e for e in events if e["ph"] == "X" and e["name"] == "Sampler.sample"]
+    assert len(runs) == 3 * 2
+    dispatched = {
+        e["args"]["call"]: e["ts"]
+        for e in events
+        if e["ph"] == "X" and e.get("cat") == "dispatch" and e["name"] == "dispatch Sampler.sample"
+    }
+    assert len(dispatched) == 3
+    for e in runs:
+        assert e["args"].get("driver") == "driver", e["args"]
+        assert e["args"]["call"] in dispatched
+    calls = sorted({e["args"]["call"] for e in runs})
+    assert calls == sorted(dispatched)  # each call's two executions, on its own call id
+    assert len([e for e in events if e["ph"] == "f"]) >= len(runs)

@@ -29,6 +29,7 @@ from twinkle_core.plugin import (
     WorkersFailedError,
     class_options,
     get_platform,
+    recorder,
     registered_names,
     waiting_for,
 )
@@ -332,6 +333,8 @@ class RayBackend(ExecutionBackend):
                 ray.remote(num_cpus=0, max_restarts=0, max_concurrency=100_000)(NodeRelay)
             )
         group = workers.group
+        rec = recorder()
+        traced = rec is not None and rec.role == "driver"  # relays then note trace links
         relays = []
         for n, ranks in enumerate(by_node.values()):
             first = slots[ranks[0]]
@@ -343,7 +346,7 @@ class RayBackend(ExecutionBackend):
                         first.pg, placement_group_bundle_index=first.bundle_index
                     ),
                 )
-                .remote([workers.handles[r] for r in ranks])
+                .remote([workers.handles[r] for r in ranks], traced)
             )
         return Route(relays, list(by_node.values()))
 

@@ -49,6 +49,8 @@ import ray.exceptions
 
 #: How long the driver waits for a relay to hand a single task on (`Route.submit`).
 SUBMIT_TIMEOUT_S = 120.0
+#: At most this many worker tasks' links a relay keeps for a traced run (`NodeRelay.links`).
+LINKS_MAX = 1_000_000
 
 
 class RelayFailed:
@@ -117,10 +119,25 @@ class NodeRelay:
     """Runs in a Ray actor on one node: submits the node's share of each call to the node's
     workers, in the driver's order, and returns their replies."""
 
-    def __init__(self, handles: list[Any]) -> None:
+    def __init__(self, handles: list[Any], traced: bool = False) -> None:
         self._handles = list(handles)
         self._next = 0
         self._waiting: dict[int, asyncio.Future] = {}
+        #: When the driver traces: each worker task's id -> the id of the relay task that
+        #: submitted it (the driver knows only the latter), for `tracing.gather`.
+        self._links: dict[str, str] | None = {} if traced else None
+
+    def links(self) -> dict[str, str]:
+        """Which relay task (the driver's ref) submitted each worker task, by task id."""
+        return dict(self._links or {})
+
+    def _note_links(self, refs: list[Any]) -> None:
+        links = self._links
+        if links is None or len(links) >= LINKS_MAX:
+            return
+        me = ray.get_runtime_context().get_task_id()
+        for ref in refs:
+            links[ref.task_id().hex()] = me
 
     def _tw_ready(self) -> str:
         """The relay's node id (the driver waits for this before routing calls here)."""
@@ -155,6 +172,8 @@ class NodeRelay:
             replies: list[Any] = [failed] * len(indices)
         finally:
             self._advance()
+        if self._links is not None:
+            self._note_links(refs)
         if refs:
             replies = await _gather(refs)
         for reply in replies:

@@ -247,8 +247,32 @@ def gather(rec: Any, backend: Any) -> None:
             continue
         if snapshot is not None:
             rec.merge(snapshot, *offset)
+    _relay_links(rec, backend)
     # Offsets of actors that died (a restart) or were not asked: the run is over for them.
     _offsets.clear()
+
+
+def _relay_links(rec: Any, backend: Any) -> None:
+    """Tie relayed executions to their calls: the driver's links are the relays' task ids
+    (`link_ids`), each worker records its own; every relay says which of its tasks submitted
+    which worker task (`NodeRelay.links`), and each worker task takes its relay task's call."""
+    relays: dict[str, Any] = {}
+    for wg in getattr(backend, "worker_groups", ()):
+        route = getattr(wg, "route", None)
+        if route is None or getattr(wg, "torn_down", None) is not None:
+            continue
+        for relay in route.relays:
+            relays[relay._actor_id.hex()] = relay  # colocated objects share their relays
+    for relay in relays.values():
+        try:
+            links = ray.get(relay.links.remote(), timeout=10.0)
+        except Exception as exc:
+            log.warning("twinkle: could not fetch a relay's trace links: %s", exc)
+            continue
+        for worker_task, relay_task in links.items():
+            call = rec.links.get(relay_task)
+            if call is not None:
+                rec.links[worker_task] = call
 
 
 def link_ids(pending: Any) -> list[str] | None:
