@@ -3,13 +3,17 @@ nodes costs the driver, with a relay per node, without, and in plain Ray.
 
 One call with a small argument (`{"step": 3, "lr": 0.1}`, `dispatch='all'`) to W CPU workers
 spread evenly over K simulated nodes (W/K per node), for W in 8, 16, 32 and K in 1, 2, 4; each
-worker's method returns `time.time_ns()` taken when it starts. Three variants:
+worker's method returns `time.time_ns()` taken when it starts. Variants:
 
 - relay: twinkle with its default `relay_min_nodes=2`: one task per node to that node's relay,
   which submits the node's tasks and returns their replies;
 - direct: twinkle with `relay_min_nodes=0`: one task per worker from the driver;
 - raw: plain Ray, one actor per worker pinned to the twinkle workers' nodes, as many on each
-  (`NodeAffinitySchedulingStrategy`), `ray.get([a.stamp.remote(arg) for a in actors])`.
+  (`NodeAffinitySchedulingStrategy`), `ray.get([a.stamp.remote(arg) for a in actors])`;
+- raw relay (run A, in each row's note): the same raw actors behind a plain-Ray relay per node
+  (`RawRelay`, an async actor with no CPU on that node, gathering its actors' replies into one
+  list), one task per node from the driver: what one hop per node costs with nothing of
+  twinkle's around it, the floor for twinkle's relays on this machine.
 
 Per call: the driver's CPU time (`time.process_time()` of the driver process around a batch of
 calls waited for one by one, over the batch's size; it includes Ray's core-worker threads in
@@ -75,6 +79,18 @@ ARG = {"step": 3, "lr": 0.1}
 TARGET = 0.35
 
 
+class RawRelay:
+    """A relay per node in plain Ray: submit to this node's actors, return their replies."""
+
+    def __init__(self, actors: list[Any]) -> None:
+        self.actors = actors
+
+    async def fanout(self, value: Any) -> list[int]:
+        import asyncio
+
+        return list(await asyncio.gather(*[a.stamp.remote(value) for a in self.actors]))
+
+
 class RawStamp:
     def stamp(self, value: Any) -> int:
         return time.time_ns()
@@ -119,24 +135,28 @@ def run(ctx: Context) -> list[Row]:
         med = {
             "relay": median(a["cpu"]["relay"]),
             "rawA": median(a["cpu"]["raw"]),
+            "raw_relay": median(a["cpu"]["raw relay"]),
             "direct": median(b["cpu"]["direct"]),
             "rawB": median(b["cpu"]["raw"]),
         }
         wall = {
             "relay": median(a["wall"]["relay"]),
             "rawA": median(a["wall"]["raw"]),
+            "raw_relay": median(a["wall"]["raw relay"]),
             "direct": median(b["wall"]["direct"]),
             "rawB": median(b["wall"]["raw"]),
         }
         skew = {
             "relay": median(a["skew"]["relay"]),
             "rawA": median(a["skew"]["raw"]),
+            "raw_relay": median(a["skew"]["raw relay"]),
             "direct": median(b["skew"]["direct"]),
             "rawB": median(b["skew"]["raw"]),
         }
         samples = {
             "relay": a["cpu"]["relay"],
             "raw (A)": a["cpu"]["raw"],
+            "raw relay (A)": a["cpu"]["raw relay"],
             "direct": b["cpu"]["direct"],
             "raw (B)": b["cpu"]["raw"],
         }
@@ -155,13 +175,18 @@ def run(ctx: Context) -> list[Row]:
         }
         shared = (
             f"wall/call: relay {fmt_time(wall['relay'])}, direct {fmt_time(wall['direct'])}, "
-            f"raw {fmt_time(wall['rawA'])} (A) / {fmt_time(wall['rawB'])} (B); median skew: "
+            f"raw {fmt_time(wall['rawA'])} (A) / {fmt_time(wall['rawB'])} (B), raw relay "
+            f"{fmt_time(wall['raw_relay'])}; median skew: "
             f"relay {fmt_time(skew['relay'])}, direct {fmt_time(skew['direct'])}, raw "
             f"{fmt_time(skew['rawA'])} / {fmt_time(skew['rawB'])}; all {NODES} simulated nodes "
             "share this machine's cores: wall and skew are every process's CPU, not a real "
             "cluster's critical path"
         )
         direct_ratio = med["direct"] / med["rawB"]
+        floor = (
+            f"raw relay/raw {med['raw_relay'] / med['rawA']:.2f}x "
+            f"(raw relay {fmt_time(med['raw_relay'])}, run A)"
+        )
         if k == 1:
             rows.append(
                 Row(
@@ -186,7 +211,7 @@ def run(ctx: Context) -> list[Row]:
                     unit="driver CPU per call",
                     note=(
                         f"what a relay costs on one node; raw from run A; direct/raw "
-                        f"{direct_ratio:.2f}x (run B); {shared}"
+                        f"{direct_ratio:.2f}x (run B); {floor}; {shared}"
                     ),
                     extra=extra,
                     samples=samples,
@@ -203,7 +228,7 @@ def run(ctx: Context) -> list[Row]:
                 med["rawA"],
                 unit="driver CPU per call",
                 note=(
-                    f"raw from run A (beside relay); direct/raw {direct_ratio:.2f}x "
+                    f"raw from run A (beside relay); {floor}; direct/raw {direct_ratio:.2f}x "
                     f"(direct {fmt_time(med['direct'])}, raw of run B {fmt_time(med['rawB'])}); "
                     f"{shared}"
                 ),
@@ -269,6 +294,7 @@ def _config(me: Any, address: str, w: int, k: int, spec: dict[str, Any]) -> dict
     from twinkle_core import DeviceGroup, initialize, shutdown
 
     raw_cls = ray.remote(num_cpus=0)(me.RawStamp)
+    relay_cls = ray.remote(num_cpus=0, max_concurrency=1000)(me.RawRelay)
     actors: list[Any] = []
     actor_nodes: list[str] = []
     out: dict[str, Any] = {"W": w, "K": k}
@@ -325,15 +351,34 @@ def _config(me: Any, address: str, w: int, k: int, spec: dict[str, Any]) -> dict
                 def raw_call(actors=actors) -> list[int]:
                     return ray.get([a.stamp.remote(ARG) for a in actors], timeout=120)
 
-                for call in (twinkle_call, raw_call):
+                variants = {label: twinkle_call, "raw": raw_call}
+                if run_id == "A":
+                    by_node: dict[str, list[Any]] = {}
+                    for actor, node in zip(actors, actor_nodes, strict=True):
+                        by_node.setdefault(node, []).append(actor)
+                    raw_relays = [
+                        relay_cls.options(
+                            scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)
+                        ).remote(members)
+                        for node, members in by_node.items()
+                    ]
+
+                    def relayed_call(relays=raw_relays) -> list[int]:
+                        lists = ray.get([r.fanout.remote(ARG) for r in relays], timeout=120)
+                        return [stamp for stamps in lists for stamp in stamps]
+
+                    variants["raw relay"] = relayed_call
+                for call in variants.values():
                     stamps = call()
                     assert len(stamps) == w and all(isinstance(s, int) for s in stamps), stamps
                 measured = _measure(
-                    {label: twinkle_call, "raw": raw_call},
+                    variants,
                     spec["rounds"],
                     spec["batch"][str(w)],
                     spec["warmup"],
                 )
+                for relay in raw_relays if run_id == "A" else ():
+                    ray.kill(relay)
             finally:
                 shutdown()
             out[run_id] = {

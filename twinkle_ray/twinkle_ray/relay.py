@@ -20,8 +20,8 @@ Why these choices (docs/ray.md, "Relays"):
   submitting the tasks itself (1.1-1.2x raw Ray's driver CPU, 2x the wall time). Replies are
   small (large results are already envelopes, `transfer.Stored`), so the relay sends them back
   with its own task. One return value per worker (`num_returns`) kept a ref per worker, but
-  Ray's cost per return value held the driver at 0.37-0.44x raw Ray's CPU at 32 workers on 4
-  nodes; one list per node is what the issue's 0.35x needs.
+  Ray's cost per return value held the driver at 0.30-0.34x raw Ray's CPU at 32 workers on 2
+  nodes; with one list per node it is 0.23x (docs/performance.md, case 23).
 - **Ordered by sequence number.** Ray keeps one caller's order per actor, and the workers' only
   caller is now the relay; the relay is async (replies of many calls gathered at once), and an
   async actor does not promise to start tasks in submission order, so each submission carries
