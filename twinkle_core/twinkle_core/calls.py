@@ -243,25 +243,21 @@ class CallSource:
     def __call__(self, timeout: float | None) -> Any:
         spec, call_site = self.spec, self.call_site
         workers, pending, collector = self.workers, self.pending, self.collector
-        mesh = self.device_mesh
+        mesh, method = self.device_mesh, self.method
         deadline = timeout if timeout is not None else spec.timeout
         overran = spec.timeout is not None and self.took > spec.timeout
         try:
             if overran and pending.done():
                 raise CallTimeoutError(
-                    f"{self.method} on group {workers.group.name!r} did not finish within its "
+                    f"{method} on group {workers.group.name!r} did not finish within its "
                     f"timeout={spec.timeout:g}s (it ran for {self.took:.3g}s "
                     "while being submitted)"
                 )
             # No `done()` check first: for some backends (Ray) asking costs more than a wait
             # that ends at once; the description is built only if the wait is shown.
-            # The method's name is made only when shown, or on a failure (`self.method`).
-            with _slow_calls.waiting_for(
-                lambda: _wait_text(self.method, workers, call_site, deadline)
-            ):
+            with _slow_calls.waiting_for(lambda: _wait_text(method, workers, call_site, deadline)):
                 return pending.collect(collector, mesh, deadline)
         except WorkersFailedError as errors:
-            method = self.method
             failure = CallFailure(
                 run_name=self.binding.run_name,
                 method=method,
@@ -271,7 +267,6 @@ class CallSource:
                 mode=self.binding.mode,
             )
         except CallTimeoutError as exc:
-            method = self.method
             tag = CALLER_TAG.format(site=call_site)
             if exc.args and isinstance(exc.args[0], str) and not exc.args[0].startswith(tag):
                 exc.args = (f"{tag} {method}: {exc.args[0]}", *exc.args[1:])
@@ -281,7 +276,6 @@ class CallSource:
         except TwinkleError:
             raise
         except Exception as exc:  # the collector could not combine the results
-            method = self.method
             tag = CALLER_TAG.format(site=call_site)
             raise CollectError(
                 f"{tag} {method}: collect={_strategy_name(collector)!r} could not combine "
