@@ -115,3 +115,37 @@ def test_finished_calls_never_register_a_wait(job, caplog):
     assert slow_calls._watcher._thread is None or not slow_calls._watcher._waits
     threading.Event().wait(0.5)
     assert not [r for r in caplog.records if r.name == "twinkle.wait"]
+
+
+def test_the_watcher_keeps_nothing_of_a_finished_wait(monkeypatch):
+    """What a wait's description holds (a call, and on Ray its refs) is let go when the wait
+    ends, not kept by the watcher thread through its sleep: a Ray ref kept that way outlived
+    its session once and, freed after the next `initialize`, ended the process."""
+    import gc
+    import time
+    import weakref
+
+    from twinkle_core import slow_calls
+
+    # Described every 1 s; the watcher then sleeps WATCH_TICK_S (0.5 s) between looks.
+    monkeypatch.setenv("TWINKLE_WAIT_LOG_INTERVAL", "1")
+    described = threading.Event()
+
+    class Call:
+        pass
+
+    def description(call: Call):
+        def text() -> str:
+            described.set()  # on the watcher's thread, in its look at the waits
+            return f"a call ({type(call).__name__})"
+
+        return text
+
+    call = Call()
+    gone = weakref.ref(call)
+    with slow_calls.waiting_for(description(call)):
+        assert described.wait(30), "the watcher never looked at the wait"
+    del call
+    time.sleep(0.1)  # the look has ended; the watcher sleeps for about 0.4 s more
+    gc.collect()
+    assert gone() is None, "the watcher thread still holds the finished wait's description"

@@ -177,26 +177,33 @@ class _Watcher:
             # current one within a tick.
             step = interval()
             time.sleep(min(step, WATCH_TICK_S))
-            now = time.monotonic()
-            waits = list(self._waits.values())  # a copy: enter/leave change the dict freely
-            if not waits and self._stop_if_idle():
+            if not self._tick(step):
                 return
-            due = []
-            for entry in waits:
-                if now - entry[2] >= step * 0.999:
-                    entry[2] = now
-                    due.append((_text(entry[0]), now - entry[1]))
-            # Written without the lock: logging handlers and the terminal may take their own.
-            if due:
-                self.status.clear()
-            for what, waited in due:
-                log.info("twinkle: still waiting for %s (%.0f s so far)", what, waited)
-            if self.status.enabled:
-                long_ones = [
-                    (_text(e[0]), now - e[1]) for e in waits if now - e[1] >= STATUS_AFTER_S
-                ]
-                if long_ones:  # drawn only while some wait remains (they may end meanwhile)
-                    self.status.show(_status_text(long_ones), lambda: bool(self._waits))
+
+    def _tick(self, step: float) -> bool:
+        """One look at the waits; False when the thread should stop. A function of its own so
+        that its copies of the waits (and what their descriptions hold: a call, its refs) are
+        dropped when it returns, not kept through the next sleep. A Ray ref kept that way
+        outlived its session once and, freed after the next `initialize`, ended the process."""
+        now = time.monotonic()
+        waits = list(self._waits.values())  # a copy: enter/leave change the dict freely
+        if not waits and self._stop_if_idle():
+            return False
+        due = []
+        for entry in waits:
+            if now - entry[2] >= step * 0.999:
+                entry[2] = now
+                due.append((_text(entry[0]), now - entry[1]))
+        # Written without the lock: logging handlers and the terminal may take their own.
+        if due:
+            self.status.clear()
+        for what, waited in due:
+            log.info("twinkle: still waiting for %s (%.0f s so far)", what, waited)
+        if self.status.enabled:
+            long_ones = [(_text(e[0]), now - e[1]) for e in waits if now - e[1] >= STATUS_AFTER_S]
+            if long_ones:  # drawn only while some wait remains (they may end meanwhile)
+                self.status.show(_status_text(long_ones), lambda: bool(self._waits))
+        return True
 
 
 def _text(what: str | Callable[[], str]) -> str:
