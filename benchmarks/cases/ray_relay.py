@@ -132,27 +132,18 @@ def run(ctx: Context) -> list[Row]:
     letters = iter("abcdefghijklmnopqrstuvwxyz")
     for got in result["configs"]:
         w, k, a, b = got["W"], got["K"], got["A"], got["B"]
-        med = {
-            "relay": median(a["cpu"]["relay"]),
-            "rawA": median(a["cpu"]["raw"]),
-            "raw_relay": median(a["cpu"]["raw relay"]),
-            "direct": median(b["cpu"]["direct"]),
-            "rawB": median(b["cpu"]["raw"]),
+        # Where each figure comes from: (run, variant) per key of `med`, `wall` and `skew`.
+        sources = {
+            "relay": (a, "relay"),
+            "rawA": (a, "raw"),
+            "raw_relay": (a, "raw relay"),
+            "direct": (b, "direct"),
+            "rawB": (b, "raw"),
         }
-        wall = {
-            "relay": median(a["wall"]["relay"]),
-            "rawA": median(a["wall"]["raw"]),
-            "raw_relay": median(a["wall"]["raw relay"]),
-            "direct": median(b["wall"]["direct"]),
-            "rawB": median(b["wall"]["raw"]),
-        }
-        skew = {
-            "relay": median(a["skew"]["relay"]),
-            "rawA": median(a["skew"]["raw"]),
-            "raw_relay": median(a["skew"]["raw relay"]),
-            "direct": median(b["skew"]["direct"]),
-            "rawB": median(b["skew"]["raw"]),
-        }
+        med, wall, skew = (
+            {key: median(run[metric][name]) for key, (run, name) in sources.items()}
+            for metric in ("cpu", "wall", "skew")
+        )
         samples = {
             "relay": a["cpu"]["relay"],
             "raw (A)": a["cpu"]["raw"],
