@@ -1,30 +1,37 @@
-"""23. Per-node relays (`twinkle_ray/relay.py`): what one call to a group spread over several
-nodes costs the driver, with a relay per node, without, and in plain Ray.
+"""23. Relays (`twinkle_ray/relay.py`): what one call to a group spread over several nodes
+costs the driver, through relays, without, and in plain Ray.
 
 One call with a small argument (`{"step": 3, "lr": 0.1}`, `dispatch='all'`) to W CPU workers
 spread evenly over K simulated nodes (W/K per node), for W in 8, 16, 32 and K in 1, 2, 4; each
 worker's method returns `time.time_ns()` taken when it starts. Variants:
 
-- relay: twinkle with its default `relay_min_nodes=2`: one task per node to that node's relay,
-  which submits the node's tasks and returns their replies;
+- relay: twinkle with its defaults (`relay_min_nodes=2`, `relay_fanout=8`): the K nodes form one
+  branch, so the driver sends one task per call, to the first node's relay, which hands each
+  other node's share to that node's relay and submits its own node's tasks; each relay returns
+  its node's replies, the first returns them all;
+- per-node relays (run C, K >= 2): twinkle with `relay_fanout=1`: one task per node from the
+  driver, to that node's relay;
 - direct: twinkle with `relay_min_nodes=0`: one task per worker from the driver;
 - raw: plain Ray, one actor per worker pinned to the twinkle workers' nodes, as many on each
   (`NodeAffinitySchedulingStrategy`), `ray.get([a.stamp.remote(arg) for a in actors])`;
-- raw relay (run A, in each row's note): the same raw actors behind a plain-Ray relay per node
-  (`RawRelay`, an async actor with no CPU on that node, gathering its actors' replies into one
-  list), one task per node from the driver: what one hop per node costs with nothing of
-  twinkle's around it, the floor for twinkle's relays on this machine.
+- raw relay and raw tree (run A, in each row's note): the same raw actors behind a plain-Ray
+  relay per node (`RawRelay`, an async actor with no CPU on that node, gathering its actors'
+  replies into one list), one task per node from the driver; and the same relays as a tree
+  (K >= 2: one task from the driver to the first node's, which hands the others theirs): what
+  those shapes cost with nothing of twinkle's around them, the floors for twinkle's on this
+  machine.
 
 Per call: the driver's CPU time (`time.process_time()` of the driver process around a batch of
 calls waited for one by one, over the batch's size; it includes Ray's core-worker threads in
 the driver), the wall time, and the skew (latest minus earliest start of the call's W
 methods; the median over the calls). Each row's ratio is twinkle's driver CPU over raw Ray's.
-The relay and the direct path cannot be live in one `initialize`, so per (W, K) there are two
-runs, each interleaving its twinkle variant with the same raw actors: run A is relay + raw, run
-B direct + raw; a row's relay/raw uses run A's raw and direct/raw run B's (both raw figures are
-in the notes). At K=1 the default sends calls straight to the workers (a single node is below
-`relay_min_nodes=2`), so the K=1 row is direct vs raw (relay "n/a") and run A uses
-`relay_min_nodes=1` instead, reported in a row of its own: what a relay costs on one node.
+The shapes cannot be live in one `initialize`, so per (W, K) there are two or three runs, each
+interleaving its twinkle variant with the same raw actors: run A is relay + raw (+ the raw
+relay and tree), run B direct + raw, run C per-node relays + raw; each twinkle/raw ratio uses
+the raw of its own run (every raw figure is in the notes). At K=1 the default sends calls
+straight to the workers (a single node is below `relay_min_nodes=2`), so the K=1 row is direct
+vs raw (relay "n/a") and run A uses `relay_min_nodes=1` instead, reported in a row of its own:
+what a relay costs on one node.
 
 Fair: the same method body, argument, worker count and nodes on both sides, the same cluster,
 alternated in rounds (`harness.interleave`) so both see the same machine load; the twinkle
@@ -80,15 +87,28 @@ TARGET = 0.35
 
 
 class RawRelay:
-    """A relay per node in plain Ray: submit to this node's actors, return their replies."""
+    """A relay per node in plain Ray: submit to this node's actors, return their replies;
+    given `peers` (the other nodes' relays), `tree` also hands each of them the call and
+    returns every node's replies in one list."""
 
-    def __init__(self, actors: list[Any]) -> None:
+    def __init__(self, actors: list[Any], peers: list[Any] = ()) -> None:
         self.actors = actors
+        self.peers = list(peers)
 
     async def fanout(self, value: Any) -> list[int]:
         import asyncio
 
         return list(await asyncio.gather(*[a.stamp.remote(value) for a in self.actors]))
+
+    async def tree(self, value: Any) -> list[int]:
+        import asyncio
+
+        peers = [p.fanout.remote(value) for p in self.peers]
+        got = await asyncio.gather(*[a.stamp.remote(value) for a in self.actors], *peers)
+        out = list(got[: len(self.actors)])
+        for stamps in got[len(self.actors) :]:
+            out.extend(stamps)
+        return out
 
 
 class RawStamp:
@@ -132,6 +152,7 @@ def run(ctx: Context) -> list[Row]:
     letters = iter("abcdefghijklmnopqrstuvwxyz")
     for got in result["configs"]:
         w, k, a, b = got["W"], got["K"], got["A"], got["B"]
+        c = got.get("C")
         # Where each figure comes from: (run, variant) per key of `med`, `wall` and `skew`.
         sources = {
             "relay": (a, "relay"),
@@ -140,16 +161,19 @@ def run(ctx: Context) -> list[Row]:
             "direct": (b, "direct"),
             "rawB": (b, "raw"),
         }
+        if c is not None:
+            sources.update(
+                {"per_node": (c, "per-node"), "rawC": (c, "raw"), "raw_tree": (a, "raw tree")}
+            )
         med, wall, skew = (
             {key: median(run[metric][name]) for key, (run, name) in sources.items()}
             for metric in ("cpu", "wall", "skew")
         )
         samples = {
-            "relay": a["cpu"]["relay"],
-            "raw (A)": a["cpu"]["raw"],
-            "raw relay (A)": a["cpu"]["raw relay"],
-            "direct": b["cpu"]["direct"],
-            "raw (B)": b["cpu"]["raw"],
+            f"{name} ({run_id})": got[run_id]["cpu"][name]
+            for run_id, name in (
+                (rid, variant) for rid in "ABC" if rid in got for variant in got[rid]["cpu"]
+            )
         }
         extra = {
             "workers": w,
@@ -158,26 +182,35 @@ def run(ctx: Context) -> list[Row]:
             "wall_per_call_s": wall,
             "median_skew_s": skew,
             "relay_min_nodes_run_a": a["relay_min_nodes"],
-            "relays_started": {"A": a["relays"], "B": b["relays"]},
-            "start_s": {"A": a["start_s"], "B": b["start_s"]},
-            "raw_started_again_for_b": b["raw_started"],
+            "relays_started": {rid: got[rid]["relays"] for rid in "ABC" if rid in got},
+            "start_s": {rid: got[rid]["start_s"] for rid in "ABC" if rid in got},
+            "raw_started_again": {rid: got[rid]["raw_started"] for rid in "BC" if rid in got},
             "calls_per_variant": len(a["skew"]["relay"]),
             "elapsed_s": got["elapsed_s"],
         }
+        per_node = f"per-node relays {fmt_time(wall['per_node'])}, " if c is not None else ""
+        raw_tree = f"raw tree {fmt_time(wall['raw_tree'])}, " if c is not None else ""
         shared = (
-            f"wall/call: relay {fmt_time(wall['relay'])}, direct {fmt_time(wall['direct'])}, "
-            f"raw {fmt_time(wall['rawA'])} (A) / {fmt_time(wall['rawB'])} (B), raw relay "
-            f"{fmt_time(wall['raw_relay'])}; median skew: "
-            f"relay {fmt_time(skew['relay'])}, direct {fmt_time(skew['direct'])}, raw "
-            f"{fmt_time(skew['rawA'])} / {fmt_time(skew['rawB'])}; all {NODES} simulated nodes "
-            "share this machine's cores: wall and skew are every process's CPU, not a real "
-            "cluster's critical path"
+            f"wall/call: relay {fmt_time(wall['relay'])}, {per_node}direct "
+            f"{fmt_time(wall['direct'])}, raw {fmt_time(wall['rawA'])} (A) / "
+            f"{fmt_time(wall['rawB'])} (B), raw relay {fmt_time(wall['raw_relay'])}, {raw_tree}"
+            f"median skew: relay {fmt_time(skew['relay'])}, direct {fmt_time(skew['direct'])}, "
+            f"raw {fmt_time(skew['rawA'])} / {fmt_time(skew['rawB'])}; all {NODES} simulated "
+            "nodes share this machine's cores: wall and skew are every process's CPU, not a "
+            "real cluster's critical path"
         )
         direct_ratio = med["direct"] / med["rawB"]
         floor = (
             f"raw relay/raw {med['raw_relay'] / med['rawA']:.2f}x "
             f"(raw relay {fmt_time(med['raw_relay'])}, run A)"
         )
+        if c is not None:
+            floor = (
+                f"raw tree/raw {med['raw_tree'] / med['rawA']:.2f}x (raw tree "
+                f"{fmt_time(med['raw_tree'])}), {floor}; per-node relays/raw "
+                f"{med['per_node'] / med['rawC']:.2f}x (per-node {fmt_time(med['per_node'])}, "
+                f"raw of run C {fmt_time(med['rawC'])})"
+            )
         if k == 1:
             rows.append(
                 Row(
@@ -214,7 +247,7 @@ def run(ctx: Context) -> list[Row]:
             Row(
                 f"{NUMBER}{next(letters)}",
                 f"Ray relays: driver CPU per call, {w} workers on {k} nodes ({w // k} each): "
-                f"twinkle with relays vs raw{target}",
+                f"twinkle with relays (one branch) vs raw{target}",
                 med["relay"],
                 med["rawA"],
                 unit="driver CPU per call",
@@ -278,7 +311,8 @@ def _measure(
 
 
 def _config(me: Any, address: str, w: int, k: int, spec: dict[str, Any]) -> dict[str, Any]:
-    """Runs A (relay + raw) and B (direct + raw) on `w` workers over `k` nodes."""
+    """Runs A (relay + raw), B (direct + raw) and, on several nodes, C (per-node relays +
+    raw) on `w` workers over `k` nodes."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -290,7 +324,10 @@ def _config(me: Any, address: str, w: int, k: int, spec: dict[str, Any]) -> dict
     actor_nodes: list[str] = []
     out: dict[str, Any] = {"W": w, "K": k}
     try:
-        for run_id, label, min_nodes in (("A", "relay", 1 if k == 1 else 2), ("B", "direct", 0)):
+        runs = [("A", "relay", 1 if k == 1 else 2, 8), ("B", "direct", 0, 8)]
+        if k > 1:
+            runs.append(("C", "per-node", 2, 1))
+        for run_id, label, min_nodes, fanout in runs:
             run_name = f"relay-bench-{w}x{k}-{label}"
             start = time.perf_counter()
             initialize(
@@ -299,6 +336,7 @@ def _config(me: Any, address: str, w: int, k: int, spec: dict[str, Any]) -> dict
                 groups=[DeviceGroup("g", list(range(w)), "cpu")],
                 cpus_per_worker=NODE_CPUS * k / w,
                 relay_min_nodes=min_nodes,
+                relay_fanout=fanout,
                 name=run_name,
             )
             try:
@@ -354,11 +392,23 @@ def _config(me: Any, address: str, w: int, k: int, spec: dict[str, Any]) -> dict
                         for node, members in by_node.items()
                     ]
 
-                    def relayed_call(relays=raw_relays) -> list[int]:
+                    def relayed_call(relays=tuple(raw_relays)) -> list[int]:
                         lists = ray.get([r.fanout.remote(ARG) for r in relays], timeout=120)
                         return [stamp for stamps in lists for stamp in stamps]
 
                     variants["raw relay"] = relayed_call
+                    if k > 1:  # the same relays as a tree: the first hands the others theirs
+                        node, members = next(iter(by_node.items()))
+                        raw_relays.append(
+                            relay_cls.options(
+                                scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)
+                            ).remote(members, raw_relays[1:])
+                        )
+
+                        def tree_call(root=raw_relays[-1]) -> list[int]:
+                            return ray.get(root.tree.remote(ARG), timeout=120)
+
+                        variants["raw tree"] = tree_call
                 for call in variants.values():
                     stamps = call()
                     assert len(stamps) == w and all(isinstance(s, int) for s in stamps), stamps

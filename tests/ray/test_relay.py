@@ -49,6 +49,12 @@ class Recorder:
         self.seen.append(value)
         return get_worker_context().rank * 1000 + self.base + len(self.seen)
 
+    @remote_function(dispatch="all", collect="none", execute="first")
+    def note_first(self, value):
+        """Rank 0 only: a call reaching one node, which goes to its relay directly."""
+        self.seen.append(value)
+        return len(self.seen)
+
     @remote_function(dispatch="all", collect="none")
     def history(self):
         return list(self.seen)
@@ -67,6 +73,13 @@ class Recorder:
             raise KeyError(f"rank {later_rank} fails later")
         time.sleep(nap)
         return me
+
+    @remote_function(dispatch="all", collect="none")
+    def fail_or_none(self, rank: int):
+        """Rank `rank` raises; the others return None at once (a reply a relay's report holds
+        as None, which must not read as "no report")."""
+        if get_worker_context().rank == rank:
+            raise ValueError(f"rank {rank} refuses")
 
     @remote_function(dispatch="all", collect="none")
     def nap(self, seconds: float):
@@ -131,6 +144,14 @@ def _exercise(recorder: Recorder) -> dict:
     out["history"] = recorder.history()()
     batch = np.arange(24, dtype=np.float64).reshape(8, 3)
     out["scaled"] = recorder.scaled(batch, 2.0)()
+    # Calls to every node and calls to rank 0's node alone, interleaved and pipelined.
+    mixed = [recorder.note_first(-i) if i % 3 == 0 else recorder.note(-i) for i in range(60)]
+    out["mixed"] = [m() for m in mixed][-1]
+    out["history after"] = recorder.history()()
+    try:
+        recorder.fail_or_none(3)(60)
+    except Exception as exc:  # the one failure, as the user's own exception
+        out["failure"] = (type(exc).__name__, str(exc).splitlines()[-1])
     return out
 
 
@@ -145,39 +166,59 @@ def _check(out: dict) -> None:
     batch = np.arange(24, dtype=np.float64).reshape(8, 3)
     want = np.concatenate([batch[2 * r : 2 * r + 2] * 2.0 + r for r in range(4)])
     np.testing.assert_array_equal(out["scaled"], want)
+    everyone = [-i for i in range(60) if i % 3]
+    for rank, seen in enumerate(out["history after"]):
+        tail = [-i for i in range(60)] if rank == 0 else everyone
+        assert seen == [*expected, *tail], f"rank {rank} saw the mixed calls in another order"
+    assert out["failure"][0] == "ValueError" and "rank 3 refuses" in out["failure"][1], out
+
+
+#: The shapes the order test compares: a branch (the driver sends one task to the first
+#: node's relay, which hands the second node's part on), a relay per node reached by the
+#: driver itself, and no relays.
+SHAPES = {
+    "branch": {"relay_min_nodes": 2},
+    "per-node": {"relay_min_nodes": 2, "relay_fanout": 1},
+    "direct": {"relay_min_nodes": 0},
+}
 
 
 def test_relayed_calls_give_the_direct_paths_results_in_the_same_order(cluster, no_runtime):
     results = {}
-    for relay_min_nodes in (2, 0):
+    for shape, options in SHAPES.items():
         initialize(
             "ray",
             address=cluster.address,
             nproc_per_node=2,
             groups=[DeviceGroup("spread", [0, 1, 2, 3], "cpu")],
-            name=f"relay-order-{relay_min_nodes}",
-            relay_min_nodes=relay_min_nodes,
+            name=f"relay-order-{shape}",
             cpus_per_worker=SPREAD,
+            **options,
         )
         try:
             recorder = Recorder(7, remote_group="spread")
             route = _route(recorder)
-            if relay_min_nodes:
+            if shape != "direct":
                 assert route is not None and len(route.relays) == 2
+                assert route.fanout == (2 if shape == "branch" else 1)
                 assert route.ranks_by_node in ([[0, 1], [2, 3]], [[2, 3], [0, 1]])
                 relay_nodes = ray.get([r._tw_ready.remote() for r in route.relays])
                 worker_nodes = {node for node, _, _ in recorder.where()()}
                 assert len(set(relay_nodes)) == 2 and set(relay_nodes) == worker_nodes
             else:
                 assert route is None
-            results[relay_min_nodes] = _exercise(recorder)
-            _check(results[relay_min_nodes])
+            results[shape] = _exercise(recorder)
+            _check(results[shape])
+            if shape != "direct":  # the driver's tasks for a call to both nodes
+                tasks = len(recorder.note("shape").source.pending.value_refs.nodes)
+                assert tasks == (1 if shape == "branch" else 2), (shape, tasks)
         finally:
             shutdown()
-    relayed, direct = results[2], results[0]
-    for key in ("first", "pipelined", "history"):
-        assert relayed[key] == direct[key], key
-    np.testing.assert_array_equal(relayed["scaled"], direct["scaled"])
+    for shape in ("branch", "per-node"):
+        relayed, direct = results[shape], results["direct"]
+        for key in ("first", "pipelined", "history", "mixed", "failure"):
+            assert relayed[key] == direct[key], (shape, key)
+        np.testing.assert_array_equal(relayed["scaled"], direct["scaled"])
 
 
 def test_every_call_resolves_when_one_relay_returns_many_replies(cluster, no_runtime):
@@ -214,14 +255,23 @@ def relayed(cluster):
         shutdown()
 
 
-def test_a_failure_reaches_the_caller_at_once_with_late_ones_as_notes(relayed):
+@pytest.mark.parametrize(
+    ("first", "later"),
+    [(3, 0), (0, 3)],
+    ids=["second-node-first", "first-node-first"],
+)
+def test_a_failure_reaches_the_caller_at_once_with_late_ones_as_notes(relayed, first, later):
+    """Ranks 0-1 sit on the branch's first node (its relay got the call from the driver),
+    2-3 on the second (its relay got it from the first's). Either node's failure comes first:
+    the second node's travels one hop more; after the first node's, the second's workers are
+    reported running by their relay's task (`StillRunning` with an index), and rank 3's later
+    failure is found through that task's report."""
     recorder = Recorder(remote_group="spread")
     assert _route(recorder) is not None
     start = time.monotonic()
-    with pytest.raises(ValueError, match="rank 3 refuses") as info:
-        # rank 3 (second node) fails at once; rank 0 (first node) fails 1.5 s later; the
-        # others still run for 4 s.
-        recorder.fail_on(3, later_rank=0, later_s=1.5, nap=4)()
+    with pytest.raises(ValueError, match=f"rank {first} refuses") as info:
+        # `first` fails at once; `later` 1.5 s later; the others still run for 4 s.
+        recorder.fail_on(first, later_rank=later, later_s=1.5, nap=4)()
     took = time.monotonic() - start
     print(f"first failure reached the caller in {took * 1000:.0f} ms")
     assert took < 10.0  # about 0.05 s on a quiet machine; bounded for a loaded 2-core one
@@ -232,7 +282,9 @@ def test_a_failure_reaches_the_caller_at_once_with_late_ones_as_notes(relayed):
     ):
         time.sleep(0.1)
     notes = "\n".join(getattr(info.value, "__notes__", []))
-    assert "rank 0" in notes and "also failed" in notes and "KeyError" in notes, notes
+    assert f"rank {later}" in notes and "also failed" in notes and "KeyError" in notes, notes
+    others = [r for r in range(4) if r not in (first, later)]
+    assert not any(f"rank {r} " in notes for r in others), notes  # they succeeded
     # The group still serves (a user error is not a death), in order.
     assert recorder.nap(0)() == [0, 1, 2, 3]
 
@@ -259,7 +311,8 @@ def test_held_and_whole_results_of_a_relayed_group_reach_another_group(relayed):
     assert _route(producer) is not None
     lazy = producer.held_rows(1024)
     pending = lazy.source.pending
-    assert len(pending.value_refs) == 4 and len(pending.value_refs.nodes) == 2
+    # One driver task for the call: both nodes form one branch (relay_fanout 8).
+    assert len(pending.value_refs) == 4 and len(pending.value_refs.nodes) == 1
     assert all(type(r) is Held for r in pending.wait_replies(120))
     got = consumer.total(lazy)(120)  # 'other' has 2 workers: each sums 2 ranks' rows
     want = np.concatenate([np.full(1024, 256.0 * (r + 1)) for r in range(4)])
@@ -318,6 +371,16 @@ def test_relay_min_nodes_must_be_a_non_negative_integer(value):
     with pytest.raises(ConfigurationError, match="relay_min_nodes") as info:
         RayOptions.parse({"relay_min_nodes": value})
     assert repr(value) in str(info.value)
+
+
+@pytest.mark.parametrize("value", [0, -2, 2.0, False, "8"])
+def test_relay_fanout_must_be_a_positive_integer(value):
+    from twinkle_ray.options import RayOptions
+
+    with pytest.raises(ConfigurationError, match=r"relay_fanout=.*positive integer") as info:
+        RayOptions.parse({"relay_fanout": value})
+    assert repr(value) in str(info.value)
+    assert RayOptions.parse({"relay_fanout": 1}).relay_fanout == 1
 
 
 @remote_class()

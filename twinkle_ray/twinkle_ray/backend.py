@@ -335,10 +335,15 @@ class RayBackend(ExecutionBackend):
         group = workers.group
         rec = recorder()
         traced = rec is not None and rec.role == "driver"  # relays then note trace links
-        relays = []
-        for n, ranks in enumerate(by_node.values()):
+        ranks_by_node = list(by_node.values())
+        fanout = min(opts.relay_fanout, len(ranks_by_node))
+        relays: list[Any] = [None] * len(ranks_by_node)
+        # A branch's first relay is given the others' handles: they are started first.
+        for n in sorted(range(len(ranks_by_node)), key=lambda n: n % fanout == 0):
+            ranks = ranks_by_node[n]
             first = slots[ranks[0]]
-            relays.append(
+            peers = relays[n + 1 : n + fanout] if n % fanout == 0 and fanout > 1 else []
+            relays[n] = (
                 _relay_class[0]
                 .options(
                     name=f"{config.name}:{group.name}:relay:{instance}:{n}",
@@ -346,9 +351,9 @@ class RayBackend(ExecutionBackend):
                         first.pg, placement_group_bundle_index=first.bundle_index
                     ),
                 )
-                .remote([workers.handles[r] for r in ranks], traced)
+                .remote([workers.handles[r] for r in ranks], traced, peers)
             )
-        return Route(relays, list(by_node.values()))
+        return Route(relays, ranks_by_node, fanout)
 
     def _take_route(self, workers: RayWorkerGroup, route: Route | None, timeout: float) -> None:
         """Once the relays answer, `workers`' calls go through them (its earlier tasks, the

@@ -20,7 +20,7 @@ import ray
 
 from twinkle_core.plugin import WorkerFailure, add_note
 
-from .relay import RelayFailed, StillRunning
+from .relay import NOT_REPORTED, RelayFailed, StillRunning
 
 log = logging.getLogger("twinkle")
 
@@ -65,10 +65,10 @@ class LateFailures:
         pending: WatchedCall,
         indices: list[int],
         first: WorkerFailure,
-        refs: dict[int, Any] | None = None,
+        late: dict[int, StillRunning] | None = None,
     ) -> None:
-        """Watch the workers at `indices` of `pending` (their result refs, or `refs[i]` where
-        given: a relayed worker's own ref)."""
+        """Watch the workers at `indices` of `pending` (their result refs, or what their
+        relay reported of them where `late` says: `StillRunning`)."""
         if not HAS_ON_READY:
             return
         with self._lock:
@@ -79,29 +79,35 @@ class LateFailures:
                 self._thread.start()
         raised_at = time.monotonic()
         for i in indices:
-            ref = refs[i] if refs and i in refs else pending.value_refs[i]
-            self._watch_ref(pending, i, first, raised_at, ref)
+            self._watch(pending, i, first, raised_at, late.get(i) if late else None)
 
-    def _watch_ref(
-        self, pending: WatchedCall, i: int, first: WorkerFailure, raised_at: float, ref: Any
+    def _watch(
+        self,
+        pending: WatchedCall,
+        i: int,
+        first: WorkerFailure,
+        raised_at: float,
+        still: StillRunning | None,
     ) -> None:
-        item = (pending, i, first, raised_at, ref)
+        """Queue worker `i` when its ref (the call's, or `still.ref`) is ready."""
+        item = (pending, i, first, raised_at, still)
+        ref = pending.value_refs[i] if still is None else still.ref
         ref._on_ready(lambda exc, item=item: self._queue.put(item))
 
     def _run(self) -> None:
         while True:
-            pending, i, first, raised_at, ref = self._queue.get()
+            pending, i, first, raised_at, still = self._queue.get()
             try:
                 try:
-                    ray.get(ref, timeout=0)
+                    ray.get(pending.value_refs[i] if still is None else still.ref, timeout=0)
                 except Exception as exc:
-                    slot = pending.relay_slot(i, exc) if ref is pending.value_refs[i] else None
-                    if type(slot) is StillRunning:  # its relay stopped waiting: watch the worker
-                        self._watch_ref(pending, i, first, raised_at, slot.ref)
+                    slot = pending.relay_slot(i, exc) if still is None else still.slot(exc)
+                    if type(slot) is StillRunning:  # its relay stopped waiting: watch on
+                        self._watch(pending, i, first, raised_at, slot)
                         continue
                     if type(slot) is RelayFailed:
                         raise slot.raised() from None
-                    if slot is not None:  # it succeeded; another worker of its node failed
+                    if slot is not NOT_REPORTED:  # it succeeded; another worker failed
                         continue
                     raise
             except Exception as exc:

@@ -35,6 +35,10 @@ class RayOptions:
     - `relay_min_nodes`: a group whose workers span at least this many nodes gets a relay per
       node, and each call goes once to each node's relay instead of once to each worker
       (default 2; 0 turns relays off; see docs/ray.md, "Relays").
+    - `relay_fanout`: how many nodes one relay task from the driver reaches. The nodes are
+      taken in runs of this many; the first node's relay hands each call on to the others'
+      relays of its run, so the driver sends one task per run (default 8: a call to 4 nodes
+      costs the driver one task, to 128 nodes 16); 1: the driver sends one to every node.
     """
 
     address: str | None = None
@@ -50,6 +54,7 @@ class RayOptions:
     oversubscribe: bool = False
     direct_transport: bool | None = None
     relay_min_nodes: int = 2
+    relay_fanout: int = 8
 
     @classmethod
     def parse(cls, options: Mapping[str, Any]) -> RayOptions:
@@ -88,13 +93,25 @@ class RayOptions:
                 "initialize(mode='ray', direct_transport=...) must be True, False or None "
                 f"(decide from the run), got {opts.direct_transport!r}"
             )
-        value = opts.relay_min_nodes
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ConfigurationError(
-                f"initialize(mode='ray', relay_min_nodes=...) must be a non-negative integer "
-                f"(the number of nodes from which a group's calls go through per-node relays; "
-                f"0 turns relays off), got {value!r}"
-            )
+        for name, least, meaning in (
+            (
+                "relay_min_nodes",
+                0,
+                "a non-negative integer (the number of nodes from which a group's calls go "
+                "through per-node relays; 0 turns relays off)",
+            ),
+            (
+                "relay_fanout",
+                1,
+                "a positive integer (how many nodes one relay task from the driver reaches; "
+                "1: one task per node)",
+            ),
+        ):
+            value = getattr(opts, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ConfigurationError(
+                    f"initialize(mode='ray', {name}=...) must be {meaning}, got {value!r}"
+                )
         for name in ("placement_timeout", "start_timeout"):
             value = getattr(opts, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:

@@ -41,7 +41,7 @@ from twinkle_core.plugin import (
 )
 
 from .late_failures import HAS_ON_READY, LATE_FAILURES
-from .relay import RelayedRefs, RelayFailed, StillRunning, slot_of
+from .relay import NOT_REPORTED, RelayedRefs, RelayFailed, StillRunning, slot_of
 from .tracing import link_ids
 from .transfer import ResultMeta, Stored, is_envelope, meta_of, opened_ref
 from .transports import Held, track
@@ -329,12 +329,12 @@ class RayPendingCall(PendingCall):
             track(self, replies)
 
     def relay_slot(self, i: int, exc: BaseException) -> Any:
-        """For a relayed call, what the relay reported for worker `i` when its node's return
-        raised `exc` (`relay.slot_of`): its reply, `RelayFailed` or `StillRunning`; None
-        otherwise."""
+        """For a relayed call, what the relay reported for worker `i` when its return raised
+        `exc` (`relay.slot_of`): its reply, `RelayFailed` or `StillRunning`; `NOT_REPORTED`
+        otherwise (a direct call, or the relay died: `exc` is the worker's error)."""
         refs = self.value_refs
         if type(refs) is not RelayedRefs:
-            return None
+            return NOT_REPORTED
         return slot_of(exc, refs.at[i][1])
 
     def reply_refs(self) -> list[Any]:
@@ -401,26 +401,27 @@ class RayPendingCall(PendingCall):
         """
         refs = self.value_refs
         failures: list[WorkerFailure] = []
-        #: Relayed workers still running when their relay reported: index -> their own ref,
-        #: looked at (and waited for in the grace) instead of the relay's return.
-        late: dict[int, Any] = {}
+        #: Relayed workers still running when their relay reported: index -> what the relay
+        #: said (`StillRunning`: the worker's own ref, or its node relay's with its place),
+        #: looked at (and waited for in the grace) instead of the call's ref.
+        late: dict[int, StillRunning] = {}
 
         def harvest(indices: list[int]) -> list[int]:
             running = []
             for i in indices:
-                own = late.get(i)
+                still = late.get(i)
                 try:
-                    ray.get(refs[i] if own is None else own, timeout=0)
+                    ray.get(refs[i] if still is None else still.ref, timeout=0)
                 except rex.GetTimeoutError:
                     running.append(i)
                 except Exception as exc:
-                    slot = None if own is not None else self.relay_slot(i, exc)
-                    if slot is None:
+                    slot = self.relay_slot(i, exc) if still is None else still.slot(exc)
+                    if slot is NOT_REPORTED:  # the worker's own error, or its relay's death
                         failures.append(self.workers.failure(self.ranks[i], exc))
                     elif type(slot) is RelayFailed:
                         failures.append(self.workers.failure(self.ranks[i], slot.raised()))
                     elif type(slot) is StillRunning:
-                        late[i] = slot.ref
+                        late[i] = slot
                         running.append(i)
             return running
 
@@ -429,7 +430,7 @@ class RayPendingCall(PendingCall):
         while running and time.monotonic() < end:
             step = min(FAILURE_GRACE_SECONDS, max(0.0, end - time.monotonic()))
             ready, _ = ray.wait(
-                list(dict.fromkeys([late.get(i, refs[i]) for i in running])),  # no ref twice
+                list(dict.fromkeys([late[i].ref if i in late else refs[i] for i in running])),
                 num_returns=1,
                 timeout=step,
                 fetch_local=False,

@@ -80,16 +80,25 @@ class RelayFailed:
 
 
 class StillRunning:
-    """A worker still running when its node's relay reported the node's first failure: `ref`
-    is the worker's own result (owned by the relay), watched for a late failure."""
+    """A worker still running when its relay reported the first failure: `ref` is the
+    worker's own result (owned by the relay), watched for a late failure; or, for a worker of
+    another node of a branch (`NodeRelay.branch`), the ref of that node's relay task, whose
+    list (or `NodeFailed`) holds the worker's slot at `index`."""
 
-    __slots__ = ("ref",)
+    __slots__ = ("index", "ref")
 
-    def __init__(self, ref: Any) -> None:
+    def __init__(self, ref: Any, index: int | None = None) -> None:
         self.ref = ref
+        self.index = index
 
     def __reduce__(self):
-        return (StillRunning, (self.ref,))
+        return (StillRunning, (self.ref, self.index))
+
+    def slot(self, exc: BaseException) -> Any:
+        """What `ref` raising `exc` says of this worker: `NOT_REPORTED` when `ref` is the
+        worker's own (`exc` is its error), else its slot in the node relay's report
+        (`slot_of`)."""
+        return NOT_REPORTED if self.index is None else slot_of(exc, self.index)
 
 
 class NodeFailed(Exception):
@@ -105,37 +114,51 @@ class NodeFailed(Exception):
         return (NodeFailed, (self.slots,))
 
 
+#: What `slot_of` returns for an error that is not a relay's report (a worker's reply may be
+#: None, so None cannot say it).
+NOT_REPORTED: Any = type("NotReported", (), {"__repr__": lambda self: "NOT_REPORTED"})()
+
+
+def report_of(exc: BaseException) -> NodeFailed | None:
+    """The relay's report an error carries (raised by the relay, or as a task error's
+    cause); None when the error is not one (the relay itself died)."""
+    cause = exc if isinstance(exc, NodeFailed) else getattr(exc, "cause", None)
+    return cause if isinstance(cause, NodeFailed) else None
+
+
 def slot_of(exc: BaseException, k: int) -> Any:
     """What a relay reported for the `k`-th worker of its task, given the error its return
-    raised: that worker's reply, `RelayFailed` or `StillRunning`; None when `exc` is not a
-    relay's report (the relay itself died: the error stands for the worker)."""
-    cause = exc if isinstance(exc, NodeFailed) else getattr(exc, "cause", None)
-    if not isinstance(cause, NodeFailed):
-        return None
-    return cause.slots[k]
+    raised: that worker's reply, `RelayFailed` or `StillRunning`; `NOT_REPORTED` when `exc` is
+    not a relay's report (the relay itself died: the error stands for the worker)."""
+    report = report_of(exc)
+    return NOT_REPORTED if report is None else report.slots[k]
 
 
 class NodeRelay:
     """Runs in a Ray actor on one node: submits the node's share of each call to the node's
     workers, in the driver's order, and returns their replies."""
 
-    def __init__(self, handles: list[Any], traced: bool = False) -> None:
+    def __init__(self, handles: list[Any], traced: bool = False, peers: list[Any] = ()) -> None:
         self._handles = list(handles)
+        #: The relays of the other nodes of this relay's branch, which it hands calls on to
+        #: (`branch`); empty for a relay that is not the first of a branch.
+        self._peers = list(peers)
         self._next = 0
         self._waiting: dict[int, asyncio.Future] = {}
-        #: When the driver traces: each worker task's id -> the id of the relay task that
-        #: submitted it (the driver knows only the latter), for `tracing.gather`.
+        #: When the driver traces: each worker task's id -> the id of the relay task the
+        #: driver sent (the only one it knows), for `tracing.gather`.
         self._links: dict[str, str] | None = {} if traced else None
 
     def links(self) -> dict[str, str]:
         """Which relay task (the driver's ref) submitted each worker task, by task id."""
         return dict(self._links or {})
 
-    def _note_links(self, refs: list[Any]) -> None:
+    def _note_links(self, refs: list[Any], origin: str | None = None) -> None:
+        """`origin`: the driver's task for a call this relay got from its branch's first."""
         links = self._links
         if links is None or len(links) >= LINKS_MAX:
             return
-        me = ray.get_runtime_context().get_task_id()
+        me = origin or ray.get_runtime_context().get_task_id()
         for ref in refs:
             links[ref.task_id().hex()] = me
 
@@ -154,12 +177,12 @@ class NodeRelay:
         if future is not None and not future.done():
             future.set_result(None)
 
-    async def fanout(self, call: tuple[int, str, tuple[int, ...], bool, Any]) -> Any:
-        """`call` is `(seq, method, indices, shared, arguments)`, one argument (Ray serializes
-        each argument of a task on its own): submit `method` on the workers at `indices` (this
-        node's list) with `arguments` (one `(args, kwargs)` for all when `shared`, else one per
-        worker), then return their replies, in one list in the order of `indices`."""
-        seq, method, indices, shared, arguments = call
+    async def _hand_on(
+        self, seq: int, method: str, indices: tuple[int, ...], shared: bool, arguments: Any
+    ) -> tuple[list[Any], list[Any] | None]:
+        """In turn `seq`, submit `method` on this node's workers at `indices` (with `arguments`:
+        one `(args, kwargs)` for all when `shared`, else one per worker): their refs, or, when
+        submitting failed, no refs and a failed slot per worker."""
         await self._turn(seq)
         refs: list[Any] = []
         try:
@@ -167,19 +190,75 @@ class NodeRelay:
                 args, kwargs = arguments if shared else arguments[n]
                 refs.append(getattr(self._handles[index], method).remote(*args, **kwargs))
         except BaseException as exc:  # the workers got nothing of it: every slot fails
-            refs = []
-            failed = RelayFailed(error=exc)
-            replies: list[Any] = [failed] * len(indices)
+            return [], [RelayFailed(error=exc)] * len(indices)
         finally:
             self._advance()
+        return refs, None
+
+    async def fanout(self, call: tuple[int, str, tuple[int, ...], bool, Any, Any]) -> Any:
+        """`call` is `(seq, method, indices, shared, arguments, origin)`, one argument (Ray
+        serializes each argument of a task on its own): submit `method` on the workers at
+        `indices` (this node's list) with `arguments` (one `(args, kwargs)` for all when
+        `shared`, else one per worker), then return their replies, in one list in the order
+        of `indices`. `origin`: the driver's task, when a branch's first relay hands this on
+        in a traced run."""
+        seq, method, indices, shared, arguments, origin = call
+        refs, replies = await self._hand_on(seq, method, indices, shared, arguments)
         if self._links is not None:
-            self._note_links(refs)
-        if refs:
-            replies = await _gather(refs)
+            self._note_links(refs, origin)
+        if replies is None:
+            replies = await _gather(refs, [0] * len(refs))
         for reply in replies:
             if type(reply) is RelayFailed:
                 raise NodeFailed(replies)
         return replies
+
+    async def branch(self, call: tuple[str, list[tuple[int, int, tuple, bool, Any]]]) -> Any:
+        """`call` is `(method, parts)`: one part per node of this relay's branch that the call
+        reaches, `(peer, seq, indices, shared, arguments)` with `peer` -1 for this node and
+        else an index into `_peers`. Hands each peer its part (as `fanout`), runs this node's
+        own, and returns every worker's reply in one list, in the order of the parts; at the
+        first failure of any worker, `NodeFailed` with every slot (`_gather`)."""
+        method, parts = call
+        origin = ray.get_runtime_context().get_task_id() if self._links is not None else None
+        sources: list[Any] = []
+        counts: list[int] = []
+        own: tuple[int, tuple, bool, Any] | None = None
+        own_at = 0
+        for peer, seq, indices, shared, arguments in parts:
+            if peer < 0:
+                own, own_at = (seq, indices, shared, arguments), len(sources)
+                sources.append(None)
+                counts.append(len(indices))
+                continue
+            sources.append(self._forward(peer, (seq, method, indices, shared, arguments, origin)))
+            counts.append(len(indices))
+        if own is not None:
+            refs, failed = await self._hand_on(own[0], method, *own[1:])
+            if self._links is not None:
+                self._note_links(refs, origin)
+            sources[own_at : own_at + 1] = refs if failed is None else failed
+            counts[own_at : own_at + 1] = [0] * (len(refs) if failed is None else len(failed))
+        replies = await _gather(sources, counts)
+        for reply in replies:
+            if type(reply) is RelayFailed:
+                raise NodeFailed(replies)
+        return replies
+
+    def _forward(self, peer: int, call: tuple) -> Any:
+        """Hand `call` to peer relay `peer`: the ref of its `fanout`; if that raises, the
+        error, after telling the peer to skip the call's turn (an empty call), so that its
+        later calls do not wait for one that never comes."""
+        fanout = self._peers[peer].fanout
+        try:
+            return fanout.remote(call)
+        except BaseException as exc:
+            seq, method, _, _, _, origin = call
+            try:
+                fanout.remote((seq, method, (), True, ((), {}), origin))
+            except BaseException:
+                pass  # the peer is gone: its calls fail with it
+            return RelayFailed(error=exc)
 
     async def submit(self, seq: int, index: int, method: str, args: tuple, kwargs: dict) -> list:
         """Submit one task on worker `index` in the driver's order and return its ref at once,
@@ -191,15 +270,24 @@ class NodeRelay:
             self._advance()
 
 
-async def _gather(refs: list[Any]) -> list[Any]:
-    """The replies of `refs` in order; at the first failure, at once: the failures in their
-    slots as `RelayFailed` and `StillRunning` for the workers not finished, which the driver
-    watches through its own grace for failing together (`pending.py`), as it does for direct
-    tasks. One completion callback per ref (Ray's own thread), no thread or future per ref."""
+async def _gather(sources: list[Any], counts: list[int]) -> list[Any]:
+    """The replies of `sources`, in order, one slot per worker: a source with count 0 is a
+    worker's ref (one reply) or an already failed slot (`RelayFailed`); one with count c > 0
+    is a peer relay's `fanout` ref (a list of c replies, or `NodeFailed` with c slots). At the
+    first failure, at once: the failures in their slots as `RelayFailed`, and `StillRunning`
+    for the workers not finished, which the driver watches through its own grace for failing
+    together (`pending.py`), as it does for direct tasks. One completion callback per ref
+    (Ray's own thread), no thread or future per ref."""
     loop = asyncio.get_running_loop()
     finished = loop.create_future()
-    replies: list[Any] = [None] * len(refs)
-    state = {"left": len(refs), "failed": False}
+    starts = []
+    total = 0
+    for count in counts:
+        starts.append(total)
+        total += count or 1
+    replies: list[Any] = [None] * total
+    done = [False] * len(sources)
+    state = {"left": 0, "failed": False}
     lock = threading.Lock()
 
     def wake() -> None:
@@ -208,8 +296,17 @@ async def _gather(refs: list[Any]) -> list[Any]:
 
     def on_completed(i: int, result: Any) -> None:  # on Ray's thread
         failed = isinstance(result, BaseException)
+        at, count = starts[i], counts[i]
         with lock:
-            replies[i] = RelayFailed(refs[i]) if failed else result
+            if not count:
+                replies[at] = RelayFailed(sources[i]) if failed else result
+            elif not failed:
+                replies[at : at + count] = result
+            else:  # the peer's report holds its slots; without one the peer relay died
+                report = report_of(result)
+                replies[at : at + count] = (
+                    report.slots if report is not None else [RelayFailed(sources[i])] * count
+                )
             done[i] = True
             state["left"] -= 1
             first_failure = failed and not state["failed"]
@@ -219,12 +316,30 @@ async def _gather(refs: list[Any]) -> list[Any]:
         if last or first_failure:
             loop.call_soon_threadsafe(wake)
 
-    done = [False] * len(refs)
-    for i, ref in enumerate(refs):
-        ref._on_completed(lambda result, i=i: on_completed(i, result))
+    waiting = []
+    for i, source in enumerate(sources):
+        if type(source) is RelayFailed:  # failed before it was sent
+            replies[starts[i] : starts[i] + (counts[i] or 1)] = [source] * (counts[i] or 1)
+            done[i] = True
+            state["failed"] = True
+        else:
+            waiting.append(i)
+    state["left"] = len(waiting)
+    if not waiting or state["failed"]:
+        wake()
+    for i in waiting:
+        sources[i]._on_completed(lambda result, i=i: on_completed(i, result))
     await finished
     with lock:  # a failure: the rest are reported running; the driver gives them its grace
-        return [reply if done[i] else StillRunning(refs[i]) for i, reply in enumerate(replies)]
+        for i, source in enumerate(sources):
+            if done[i]:
+                continue
+            at, count = starts[i], counts[i]
+            if not count:
+                replies[at] = StillRunning(source)
+            else:
+                replies[at : at + count] = [StillRunning(source, k) for k in range(count)]
+        return replies
 
 
 # ---------------------------------------------------------------------- driver side
@@ -245,11 +360,18 @@ class RelayedRefs(list):
 
 class Route:
     """Driver-side: the relays of one set of actors (`hosts.Hosts`), which rank sits on which
-    relay at which index, and the sequence numbers of the submissions. A number is taken and
-    its task handed to Ray under one lock (`_lock`, held for nothing else), so the numbers
-    reach each relay in the order Ray delivers them."""
+    relay at which index, the branches the relays form, and the sequence numbers of the
+    submissions. A number is taken and its task handed to Ray under one lock (`_lock`, held
+    for nothing else), so the numbers reach each relay in the order Ray delivers them; a
+    relay takes its calls in the order of their numbers whoever hands them on (the driver, or
+    its branch's first relay), so every path keeps one order per worker.
 
-    def __init__(self, relays: list[Any], ranks_by_node: list[list[int]]) -> None:
+    Branches: the nodes in runs of `fanout` (`relay_fanout`); the first relay of a run leads
+    it (`NodeRelay.branch`, created with the others' handles as its peers). A call reaching
+    several nodes of a branch is one task from the driver to the branch's first relay; a
+    call reaching one node goes to that node's relay directly."""
+
+    def __init__(self, relays: list[Any], ranks_by_node: list[list[int]], fanout: int = 1) -> None:
         self.relays = relays
         self.ranks_by_node = ranks_by_node
         #: rank -> (node index, index on that node's relay)
@@ -258,9 +380,12 @@ class Route:
             for node, ranks in enumerate(ranks_by_node)
             for index, rank in enumerate(ranks)
         }
+        self.fanout = fanout
         self._seq = [0] * len(relays)
-        #: Each relay's `fanout` method, looked up once (`handle.fanout` builds it anew).
+        #: Each relay's `fanout` method, and each branch's first relay's `branch` method,
+        #: looked up once (`handle.fanout` builds it anew).
         self._fanouts = [relay.fanout for relay in relays]
+        self._branches = [relay.branch for relay in relays[::fanout]] if fanout > 1 else []
         self._lock = threading.Lock()
 
     def _next(self, node: int) -> int:
@@ -276,43 +401,76 @@ class Route:
         where = self.where
         for i, rank in enumerate(ranks):
             by_node.setdefault(where[rank][0], []).append(i)
+        # The driver's tasks: one per branch the call reaches, its nodes in node order.
+        fanout = self.fanout
+        tasks: dict[int, list[int]] = {}
+        for node in sorted(by_node):
+            tasks.setdefault(node // fanout, []).append(node)
         refs = RelayedRefs([None] * len(ranks))
         at: list[tuple[int, int]] = [(0, 0)] * len(ranks)
-        for n, positions in enumerate(by_node.values()):
-            for k, i in enumerate(positions):
-                at[i] = (n, k)
+        for t, nodes in enumerate(tasks.values()):
+            k = 0
+            for node in nodes:
+                for i in by_node[node]:
+                    at[i] = (t, k)
+                    k += 1
         refs.at = at
         with self._lock:
-            refs.nodes = self._send_nodes(method, ranks, shipped, by_node, refs)
+            refs.nodes = self._send_tasks(method, ranks, shipped, by_node, tasks)
+        for i, (t, _) in enumerate(at):
+            refs[i] = refs.nodes[t]
         return refs
 
-    def _send_nodes(
+    def _part(
+        self, node: int, method: str, ranks: list[int], shipped: list, positions: list[int]
+    ) -> tuple[int, tuple[int, ...], bool, Any]:
+        """Node `node`'s share of a call, with its next sequence number: `(seq, indices,
+        shared, arguments)`."""
+        where = self.where
+        indices = tuple([where[ranks[i]][1] for i in positions])
+        first = shipped[positions[0]]
+        shared = all(_same(shipped[i], first) for i in positions[1:])
+        arguments: Any = first if shared else [shipped[i] for i in positions]
+        return self._next(node), indices, shared, arguments
+
+    def _send_tasks(
         self,
         method: str,
         ranks: list[int],
         shipped: list[tuple[tuple, dict]],
         by_node: dict[int, list[int]],
-        refs: list[Any],
+        tasks: dict[int, list[int]],
     ) -> list[Any]:
-        """Hand each node its share; fills `refs` (one per worker) and returns the relay tasks'
-        refs, one per node in `by_node`'s order."""
-        where, fanouts = self.where, self._fanouts
-        nodes = []
-        for node, positions in by_node.items():
-            indices = tuple([where[ranks[i]][1] for i in positions])
-            first = shipped[positions[0]]
-            shared = all(_same(shipped[i], first) for i in positions[1:])
-            arguments: Any = first if shared else [shipped[i] for i in positions]
-            seq = self._next(node)
+        """Hand each branch its share (one node's straight to its relay); returns the tasks'
+        refs, in `tasks`' order."""
+        fanout = self.fanout
+        out = []
+        for branch, nodes in tasks.items():
+            taken = []
             try:
-                got = fanouts[node].remote((seq, method, indices, shared, arguments))
+                if len(nodes) == 1:
+                    node = nodes[0]
+                    taken.append(node)
+                    seq, indices, shared, arguments = self._part(
+                        node, method, ranks, shipped, by_node[node]
+                    )
+                    got = self._fanouts[node].remote(
+                        (seq, method, indices, shared, arguments, None)
+                    )
+                else:
+                    lead = branch * fanout
+                    parts = []
+                    for node in nodes:
+                        taken.append(node)
+                        part = self._part(node, method, ranks, shipped, by_node[node])
+                        parts.append((node - lead - 1, *part))
+                    got = self._branches[branch].remote((method, parts))
             except BaseException:
-                self._seq[node] = seq  # never sent: the relay must not wait for it
+                for node in taken:  # never sent: the relays must not wait for them
+                    self._seq[node] -= 1
                 raise
-            for i in positions:
-                refs[i] = got
-            nodes.append(got)
-        return nodes
+            out.append(got)
+        return out
 
     def submit(self, rank: int, method: str, args: tuple, kwargs: dict) -> Any:
         """One task on worker `rank`, in order with the calls: its ref (owned by the relay,
