@@ -200,29 +200,37 @@ def test_untraced_run_records_nothing_in_its_actors(cluster, traced):
         shutdown()
 
 
-def test_relayed_calls_link_to_their_executions(cluster, tmp_path):
-    """Through per-node relays (forced on one node) the driver's refs are the relays' tasks,
-    not the workers': each execution is still tied to the driver's call that made it (its
-    call id, and a flow arrow from the driver)."""
+@pytest.mark.parametrize("shape", ["one-node", "branch"])
+def test_relayed_calls_link_to_their_executions(cluster, tmp_path, shape):
+    """Through relays the driver's refs are the relays' tasks, not the workers': each
+    execution is still tied to the driver's call that made it (its call id, and a flow arrow
+    from the driver). One node: a relay forced on it. Branch: 4 workers over both nodes, one
+    driver task per call to the first node's relay, which hands the second node's relay its
+    share (that relay's executions are tied to the driver's task it never saw)."""
     path = tmp_path / "relayed.json"
+    workers = 2 if shape == "one-node" else 4
     initialize(
         "ray",
         address=cluster.address,
-        groups=[DeviceGroup("relayed", 2, "cpu")],
+        groups=[DeviceGroup("relayed", workers, "cpu")],
         trace=str(path),
-        name="trace-relayed",
-        relay_min_nodes=1,
+        name=f"trace-relayed-{shape}",
+        relay_min_nodes=1 if shape == "one-node" else 2,
+        cpus_per_worker=1 if shape == "one-node" else 2.5,  # branch: 2 workers per node
     )
     try:
         sampler = Sampler(remote_group="relayed")
-        assert sampler.__dict__["_twinkle_binding"].workers.route is not None
+        route = sampler.__dict__["_twinkle_binding"].workers.route
+        assert route is not None and len(route.relays) == (1 if shape == "one-node" else 2)
         for i in range(3):
-            assert sampler.sample(i, pause=0.01)() == [i, i]
+            lazy = sampler.sample(i, pause=0.01)
+            assert len(lazy.source.pending.value_refs.nodes) == 1  # one task from the driver
+            assert lazy() == [i] * workers
     finally:
         shutdown()
     events = json.loads(path.read_text())["traceEvents"]
     runs = [e for e in events if e["ph"] == "X" and e["name"] == "Sampler.sample"]
-    assert len(runs) == 3 * 2
+    assert len(runs) == 3 * workers
     dispatched = {
         e["args"]["call"]: e["ts"]
         for e in events
