@@ -1,12 +1,16 @@
 """One hop per node: a call to a group spanning several nodes goes once to a relay on each node,
-which hands it to that node's workers and gathers their replies.
+which hands it to that node's workers and gathers their replies; the driver reaches the relays
+through one task per branch of nodes.
 
 Without a relay the driver submits one actor task per worker and receives one reply per worker,
 so its time per call grows with the workers (about 0.3 ms of driver CPU per worker here, most
-of a second per call at a thousand workers). With relays it submits one task per node; each
-relay (`NodeRelay`, an async actor with no CPU of its own, in the placement group bundle of its
-node's first worker) submits the node's tasks and returns the node's replies,
-in one list, as the one return value of its own task. The driver owns one ref per node
+of a second per call at a thousand workers). With relays each relay (`NodeRelay`, an async
+actor with no CPU of its own, in the placement group bundle of its node's first worker)
+submits its node's tasks and returns the node's replies, in one list, as the one return value
+of its own task. The relays form branches of `relay_fanout` nodes (`Route`): the driver sends
+one task per branch, to its first relay (`NodeRelay.branch`), which hands each other node's
+share to that node's relay and returns every reply of the branch in one list; a call reaching
+one node of a branch goes to that node's relay straight. The driver owns one ref per node
 (`RelayedRefs`: one entry per worker, the ref of the worker's node, and where in that node's
 list its reply sits); `pending.py` fetches the node lists and takes each worker's reply from
 its node's. Where a worker's result must have a ref of its own (a hand-off to another group, a
@@ -29,8 +33,16 @@ Why these choices (docs/ray.md, "Relays"):
 - **Everything through the relay.** A task the driver sent straight to a relayed worker could
   overtake the calls still in the relay. Calls, held-result sends, collective joins and
   colocated constructors all go through it (`remote_on` for the single tasks).
+- **Branches.** Each task the driver sends costs it about as much whether it goes to a worker
+  or to a relay, so with one relay per node its cost still grows with the nodes; a branch's
+  first relay takes that work off it (one task per 8 nodes by default), at the price of one
+  more hop for the branch's other nodes. The numbers stay the driver's (one counter per
+  relay), so a relay keeps one order whoever hands it a call.
 - **Failures.** A relay whose node had a failure raises `NodeFailed`: its task's return is
   then an error, and the driver's one `ray.get` of the call fails fast as for direct tasks.
+  A branch's first relay does the same at the first failure of any of its nodes, with the
+  failed node's slots as that relay reported them and, for a node still running,
+  `StillRunning` holding that node's relay task and the worker's place in its list.
   The error holds each worker's slot: its reply, `RelayFailed` (its own result ref, which
   raises the worker's error exactly) or `StillRunning` (its ref, watched for a late failure);
   `pending.py` reads them (`slot_of`).
