@@ -221,6 +221,57 @@ def test_relayed_calls_give_the_direct_paths_results_in_the_same_order(cluster, 
         np.testing.assert_array_equal(relayed["scaled"], direct["scaled"])
 
 
+def test_two_branches_of_two_nodes_keep_order_and_fail_fast(cluster, no_runtime):
+    """Four nodes (the session's two and two more), one worker on each, `relay_fanout=2`: two
+    branches, so a call is two tasks from the driver, each to a branch's first relay, which
+    hands its second node the share. Calls to every node and to rank 0 alone keep one order
+    on every worker; a failure on the second branch's second node reaches the caller, with a
+    later one on the first branch's first node as a note."""
+    added = [cluster.add_node(num_cpus=6, object_store_memory=80 * 1024 * 1024) for _ in range(2)]
+    try:
+        cluster.wait_for_nodes(timeout=60)
+        initialize(
+            "ray",
+            address=cluster.address,
+            groups=[DeviceGroup("wide", 4, "cpu")],
+            name="relay-branches",
+            relay_fanout=2,
+            cpus_per_worker=5,  # one bundle per 6-CPU node
+            placement_timeout=60,
+        )
+        try:
+            recorder = Recorder(remote_group="wide")
+            route = _route(recorder)
+            nodes = [node for node, _, _ in recorder.where()()]
+            assert len(set(nodes)) == 4, nodes
+            assert route is not None and route.fanout == 2 and len(route.relays) == 4
+            assert route.ranks_by_node == [[0], [1], [2], [3]]
+            assert len(recorder.note("start").source.pending.value_refs.nodes) == 2
+            calls = [recorder.note_first(i) if i % 4 == 0 else recorder.note(i) for i in range(80)]
+            # Rank 0 saw every call, the others the start and the 60 calls to all.
+            assert calls[-1]() == [81, 1061, 2061, 3061]
+            history = recorder.history()()
+            everyone = ["start", *(i for i in range(80) if i % 4)]
+            assert history[1:] == [everyone] * 3
+            assert history[0] == ["start", *range(80)]
+            with pytest.raises(ValueError, match="rank 3 refuses") as info:
+                recorder.fail_on(3, later_rank=0, later_s=1.0, nap=3)()
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline and "also failed" not in str(
+                getattr(info.value, "__notes__", "")
+            ):
+                time.sleep(0.1)
+            notes = "\n".join(getattr(info.value, "__notes__", []))
+            assert "rank 0" in notes and "KeyError" in notes, notes
+            assert not any(f"rank {r} " in notes for r in (1, 2)), notes
+            assert recorder.nap(0)() == [0, 1, 2, 3]  # still serving, in order
+        finally:
+            shutdown()
+    finally:
+        for node in added:
+            cluster.remove_node(node)
+
+
 def test_every_call_resolves_when_one_relay_returns_many_replies(cluster, no_runtime):
     """All 8 replies of a node come back in its relay's one list, each to its own rank, call
     after call (a first version, with one return value per worker, landing one after the
