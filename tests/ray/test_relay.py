@@ -272,6 +272,36 @@ def test_two_branches_of_two_nodes_keep_order_and_fail_fast(cluster, no_runtime)
             cluster.remove_node(node)
 
 
+def test_a_killed_first_relay_fails_its_branch_saying_the_workers_may_be_alive(cluster, no_runtime):
+    """The branch's first relay killed (its process only; the workers live on): the next call
+    fails at once with a death for every rank of the branch, and the error says it came from
+    the relay, whose workers may still be alive, instead of leaving it for their own death."""
+    initialize(
+        "ray",
+        address=cluster.address,
+        nproc_per_node=2,
+        groups=[DeviceGroup("spread", [0, 1, 2, 3], "cpu")],
+        name="relay-killed",
+        cpus_per_worker=SPREAD,
+    )
+    try:
+        recorder = Recorder(remote_group="spread")
+        route = _route(recorder)
+        assert route is not None and route.fanout == 2
+        pids = [pid for _, pid, _ in recorder.where()()]
+        ray.kill(route.relays[0], no_restart=True)
+        start = time.monotonic()
+        with pytest.raises(WorkerDiedError) as info:
+            recorder.note(1)(60)
+        assert time.monotonic() - start < 30.0
+        notes = "\n".join(getattr(info.value, "__notes__", []))
+        assert "went through a relay" in notes and "may still be alive" in notes, notes
+        for pid in pids:  # the workers themselves were not touched
+            os.kill(pid, 0)
+    finally:
+        shutdown()
+
+
 def test_every_call_resolves_when_one_relay_returns_many_replies(cluster, no_runtime):
     """All 8 replies of a node come back in its relay's one list, each to its own rank, call
     after call (a first version, with one return value per worker, landing one after the

@@ -37,9 +37,11 @@ from twinkle_core.plugin import (
     PendingCall,
     WorkerFailure,
     WorkersFailedError,
+    add_note,
     note_fallback,
 )
 
+from .deaths import DEATH_ERRORS
 from .late_failures import HAS_ON_READY, LATE_FAILURES
 from .relay import NOT_REPORTED, RelayedRefs, RelayFailed, StillRunning, slot_of
 from .tracing import link_ids
@@ -417,7 +419,10 @@ class RayPendingCall(PendingCall):
                 except Exception as exc:
                     slot = self.relay_slot(i, exc) if still is None else still.slot(exc)
                     if slot is NOT_REPORTED:  # the worker's own error, or its relay's death
-                        failures.append(self.workers.failure(self.ranks[i], exc))
+                        failure = self.workers.failure(self.ranks[i], exc)
+                        if still is None and type(refs) is RelayedRefs:
+                            _note_relay_death(failure, exc)
+                        failures.append(failure)
                     elif type(slot) is RelayFailed:
                         failures.append(self.workers.failure(self.ranks[i], slot.raised()))
                     elif type(slot) is StillRunning:
@@ -451,6 +456,20 @@ class RayPendingCall(PendingCall):
 
 
 _FAILED = object()
+
+
+def _note_relay_death(failure: WorkerFailure, exc: BaseException) -> None:
+    """A relayed worker's failure read from its relay's task, which ended in a death: the
+    relay died (with its node, or alone), and a branch's first relay dying ends the calls of
+    every node of its branch, so say that the worker itself may be alive."""
+    if isinstance(exc, DEATH_ERRORS):
+        add_note(
+            failure.exception,
+            f"twinkle: rank {failure.rank}'s call went through a relay (its node's, or its "
+            "branch's first), and that relay's task ended with this death: the relay died, "
+            f"with its node or alone; rank {failure.rank} itself may still be alive "
+            "(docs/ray.md, Relays)",
+        )
 
 
 def _settled(call: RayPendingCall | None) -> bool:
