@@ -21,6 +21,11 @@ worker's method returns `time.time_ns()` taken when it starts. Variants:
   those shapes cost with nothing of twinkle's around them, the floors for twinkle's on this
   machine.
 
+At 8 workers on 4 nodes each run also times a failure (`_failfast`): the last rank (on the
+last node, the one a branch's first relay hands the call on to) raises at once while the others
+sleep, from the call until the caller catches it, against a hand-made fail-fast on the raw
+actors (`ray.wait` for one, `ray.get` it, as case 7); the issue bounds it at 50 ms.
+
 Per call: the driver's CPU time (`time.process_time()` of the driver process around a batch of
 calls waited for one by one, over the batch's size; it includes Ray's core-worker threads in
 the driver), the wall time, and the skew (latest minus earliest start of the call's W
@@ -115,6 +120,13 @@ class RawStamp:
     def stamp(self, value: Any) -> int:
         return time.time_ns()
 
+    def fail_last(self, rank: int, last: int, seconds: float) -> int:
+        """The last rank (on the last node) raises at once; the others sleep `seconds`."""
+        if rank == last:
+            raise RuntimeError("the last rank fails at once (benchmark)")
+        time.sleep(seconds)
+        return rank
+
     def node(self) -> str:
         import ray
 
@@ -125,6 +137,17 @@ class RawStamp:
 class Stamp(RawStamp):
     stamp = remote_function(dispatch="all", collect="none")(RawStamp.stamp)
     node = remote_function(dispatch="all", collect="none")(RawStamp.node)
+
+    @remote_function(dispatch="all", collect="none")
+    def fail(self, last: int, seconds: float) -> int:
+        from twinkle_core import get_worker_context
+
+        return RawStamp.fail_last(self, get_worker_context().rank, last, seconds)
+
+
+#: Fail-fast (the config below only): the last rank fails at once, the others sleep this long.
+FAIL_SLEEP = 0.5
+FAIL_CONFIG = (8, 4)
 
 
 def configs(quick: bool) -> list[tuple[int, int]]:
@@ -149,6 +172,7 @@ def run(ctx: Context) -> list[Row]:
     )
     ctx.log(f"cluster start {result['cluster_s']:.1f} s")
     rows: list[Row] = []
+    failfast_rows: list[Row] = []
     letters = iter("abcdefghijklmnopqrstuvwxyz")
     for got in result["configs"]:
         w, k, a, b = got["W"], got["K"], got["A"], got["B"]
@@ -242,6 +266,37 @@ def run(ctx: Context) -> list[Row]:
                 )
             )
             continue
+        if "failfast" in a:
+            fail = {
+                "branch": a["failfast"]["relay"],
+                "rawA": a["failfast"]["raw"],
+                "direct": b["failfast"]["direct"],
+                "rawB": b["failfast"]["raw"],
+                **({"per_node": c["failfast"]["per-node"]} if c is not None else {}),
+            }
+            fmed = {key: median(values) for key, values in fail.items()}
+            per_node_note = (
+                f", per-node relays {fmt_time(fmed['per_node'])}" if "per_node" in fmed else ""
+            )
+            failfast_rows.append(
+                Row(
+                    "",
+                    f"Ray relays: first failure to the caller, {w} workers on {k} nodes, the "
+                    "last rank failing at once (issue: within 50 ms): twinkle through a branch "
+                    "vs a hand-made raw fail-fast",
+                    fmed["branch"],
+                    fmed["rawA"],
+                    unit="once",
+                    note=(
+                        f"others sleep {FAIL_SLEEP:g} s; raw from run A; direct "
+                        f"{fmt_time(fmed['direct'])} (raw of run B {fmt_time(fmed['rawB'])})"
+                        f"{per_node_note}; twinkle waits up to 20-40 ms more for ranks failing "
+                        "together (`FAILURE_GRACE_SECONDS`), on every path"
+                    ),
+                    extra={"failfast_s": fail},
+                    samples={name: values for name, values in fail.items()},
+                )
+            )
         target = f" (target <= {TARGET:g}x)" if (w, k) == (32, 4) else ""
         rows.append(
             Row(
@@ -260,6 +315,9 @@ def run(ctx: Context) -> list[Row]:
                 samples=samples,
             )
         )
+    for row in failfast_rows:  # after the CPU rows, whose letters stay as they were
+        row.id = f"{NUMBER}{next(letters)}"
+        rows.append(row)
     return rows
 
 
@@ -308,6 +366,47 @@ def _measure(
         "wall": {name: values[warmup:] for name, values in walls.items()},
         "skew": {name: values[warmup * batch :] for name, values in skews.items()},
     }
+
+
+def _failfast(group: Any, actors: list[Any], label: str, rounds: int) -> dict[str, list[float]]:
+    """Seconds from a call to its first failure reaching the caller, the last rank (on the
+    last node: through a branch, the node its first relay hands the call on to) failing at
+    once while the others sleep: twinkle's `label` shape against a hand-made fail-fast on the
+    raw actors (`ray.wait` for one, `ray.get` it, as case 7's raw side)."""
+    import ray
+
+    last = len(actors) - 1
+
+    def settle() -> None:  # every worker idle again before the next round
+        group.stamp(ARG)(60)
+        ray.get([a.stamp.remote(ARG) for a in actors], timeout=60)
+
+    def twinkle() -> float:
+        settle()
+        start = time.perf_counter()
+        try:
+            group.fail(last, FAIL_SLEEP)(60)
+        except Exception as exc:
+            if "the last rank fails" not in str(exc):
+                raise
+            return time.perf_counter() - start
+        raise AssertionError("twinkle did not raise")
+
+    def raw() -> float:
+        settle()
+        start = time.perf_counter()
+        remaining = [a.fail_last.remote(r, last, FAIL_SLEEP) for r, a in enumerate(actors)]
+        while remaining:
+            ready, remaining = ray.wait(remaining, num_returns=1, timeout=60)
+            try:
+                ray.get(ready)
+            except ray.exceptions.RayTaskError:
+                return time.perf_counter() - start
+        raise AssertionError("no rank failed")
+
+    samples = interleave({label: twinkle, "raw": raw}, rounds, warmup=1)
+    settle()
+    return samples
 
 
 def _config(me: Any, address: str, w: int, k: int, spec: dict[str, Any]) -> dict[str, Any]:
@@ -418,6 +517,8 @@ def _config(me: Any, address: str, w: int, k: int, spec: dict[str, Any]) -> dict
                     spec["batch"][str(w)],
                     spec["warmup"],
                 )
+                if (w, k) == FAIL_CONFIG:
+                    measured["failfast"] = _failfast(group, actors, label, spec["rounds"])
                 for relay in raw_relays if run_id == "A" else ():
                     ray.kill(relay)
             finally:
