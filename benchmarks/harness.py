@@ -111,6 +111,22 @@ def fmt_time(seconds: float | None) -> str:
     return f"{seconds:.3g} s"
 
 
+def raw_fail_fast(refs: list[Any], timeout: float = 60.0) -> None:
+    """Fail-fast by hand in plain Ray, the baseline of the fail-fast cases: wait for one of
+    `refs` at a time and `ray.get` it, until one raises (returns then); AssertionError when
+    none does."""
+    import ray
+
+    remaining = list(refs)
+    while remaining:
+        ready, remaining = ray.wait(remaining, num_returns=1, timeout=timeout)
+        try:
+            ray.get(ready)
+        except ray.exceptions.RayTaskError:
+            return
+    raise AssertionError("no rank failed")
+
+
 @dataclass
 class Row:
     """One line of the results table: twinkle's median against the raw baseline's."""

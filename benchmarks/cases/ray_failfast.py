@@ -11,7 +11,7 @@ allowed to finish its sleep (not timed).
 from __future__ import annotations
 
 import ray
-from harness import Context, Row, interleave, row_from_samples
+from harness import Context, Row, interleave, raw_fail_fast, row_from_samples
 
 NUMBER, NAME, QUICK, SESSION = "7", "ray-failfast", False, ("four",)
 
@@ -41,14 +41,8 @@ def run(ctx: Context) -> list[Row]:
 
         ray.get([a.noop.remote() for a in actors], timeout=60)
         start = time.perf_counter()
-        remaining = [a.fail_or_sleep.remote(rank, SLEEP) for rank, a in enumerate(actors)]
-        while remaining:
-            ready, remaining = ray.wait(remaining, num_returns=1, timeout=60)
-            try:
-                ray.get(ready)
-            except ray.exceptions.RayTaskError:
-                return time.perf_counter() - start
-        raise AssertionError("no rank failed")
+        raw_fail_fast([a.fail_or_sleep.remote(rank, SLEEP) for rank, a in enumerate(actors)])
+        return time.perf_counter() - start
 
     samples = interleave({"twinkle": twinkle, "raw": raw}, rounds, warmup=1)
     # let the sleeping ranks finish, so later cases start with idle workers

@@ -76,6 +76,7 @@ from harness import (
     fmt_time,
     interleave,
     median,
+    raw_fail_fast,
     remove_soon,
     run_child,
 )
@@ -395,14 +396,8 @@ def _failfast(group: Any, actors: list[Any], label: str, rounds: int) -> dict[st
     def raw() -> float:
         settle()
         start = time.perf_counter()
-        remaining = [a.fail_last.remote(r, last, FAIL_SLEEP) for r, a in enumerate(actors)]
-        while remaining:
-            ready, remaining = ray.wait(remaining, num_returns=1, timeout=60)
-            try:
-                ray.get(ready)
-            except ray.exceptions.RayTaskError:
-                return time.perf_counter() - start
-        raise AssertionError("no rank failed")
+        raw_fail_fast([a.fail_last.remote(r, last, FAIL_SLEEP) for r, a in enumerate(actors)])
+        return time.perf_counter() - start
 
     samples = interleave({label: twinkle, "raw": raw}, rounds, warmup=1)
     settle()
