@@ -20,6 +20,7 @@ import time
 import ray
 from bench_ops import Bench, Ops
 from cases.ray_call import CONFIG
+from harness import issue_while_busy
 
 CALLS, ROUNDS, WARMUP = 1000, 14, 2
 
@@ -54,14 +55,7 @@ def main() -> None:
                     on = variant == "new"
                     core_calls.is_plain_data = new_plain if on else (lambda v, d=3: False)
                     ray_workers.all_plain_data = new_all if on else (lambda calls: False)
-                    blocker = one.block(path)
-                    start = time.perf_counter()
-                    lazies = [one.take(CONFIG) for _ in range(CALLS)]
-                    took = time.perf_counter() - start
-                    open(path, "w").close()
-                    blocker(300)
-                    for lazy in lazies:
-                        lazy(300)
+                    took = issue_while_busy(one, path, lambda: one.take(CONFIG), CALLS)
                 if r >= WARMUP:
                     samples[variant].append(took / CALLS * 1e6)
         core_calls.is_plain_data, ray_workers.all_plain_data = new_plain, new_all

@@ -111,6 +111,21 @@ def fmt_time(seconds: float | None) -> str:
     return f"{seconds:.3g} s"
 
 
+def issue_while_busy(group: Any, path: str, call: Callable[[], Any], n: int) -> float:
+    """Seconds twinkle takes to issue `n` calls (`call()` each, returning a LazyCollect) while
+    `group`'s workers are held busy in `block(path)`; then releases them (creates `path`) and
+    resolves every call. The issue side of the "issued while busy" cases."""
+    blocker = group.block(path)
+    start = time.perf_counter()
+    pending = [call() for _ in range(n)]
+    issued = time.perf_counter() - start
+    open(path, "w").close()
+    blocker(300)
+    for lazy in pending:
+        lazy(300)
+    return issued
+
+
 def raw_fail_fast(refs: list[Any], timeout: float = 60.0) -> None:
     """Fail-fast by hand in plain Ray, the baseline of the fail-fast cases: wait for one of
     `refs` at a time and `ray.get` it, until one raises (returns then); AssertionError when

@@ -22,7 +22,7 @@ import time
 
 import numpy as np
 import ray
-from harness import Context, Row, interleave, median, row_from_samples
+from harness import Context, Row, interleave, issue_while_busy, median, row_from_samples
 
 NUMBER, NAME, QUICK, SESSION = "20", "ray-args", False, ("four", "one")
 
@@ -99,14 +99,7 @@ def _busy_rows(ctx: Context, four, actors, one, actor) -> list[Row]:
         def go() -> float:
             path = os.path.join(folder, f"release-{next(counter)}")
             if kind == "twinkle":
-                blocker = group.block(path)
-                start = time.perf_counter()
-                pending = [group.take(value) for _ in range(n)]
-                issued = time.perf_counter() - start
-                open(path, "w").close()
-                blocker(300)
-                for lazy in pending:
-                    lazy(300)
+                issued = issue_while_busy(group, path, lambda: group.take(value), n)
             else:
                 blockers = [a.block.remote(path) for a in handles]
                 start = time.perf_counter()
