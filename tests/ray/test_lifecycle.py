@@ -101,7 +101,11 @@ def test_repeated_runs_leave_no_actor_or_placement_group(cluster, no_runtime):
             initialize("ray", groups=[DeviceGroup("g", 2, "cpu")], name=f"repeat-{i}")
             assert Worker(remote_group="g").ok()() == [1, 1]
             pgs, actors = _live_twinkle_state(f"repeat-{i}")
-            assert len(pgs) == 1 and len(actors) == 2
+            # Two workers, and a relay per node when Ray placed them on both nodes (a node's
+            # CPUs may still be held by the previous test's placement group, being removed).
+            relays = [a for a in actors if ":relay:" in a["name"]]
+            assert len(pgs) == 1 and len(actors) - len(relays) == 2
+            assert len(relays) in (0, 2), relays
             shutdown()
             shutdown()  # safe twice
             assert ray.is_initialized()
