@@ -5,11 +5,14 @@ path) with bounds far above what a loaded 2-core machine measures. One run serve
 
 from __future__ import annotations
 
+import contextlib
 import os
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -181,6 +184,31 @@ def test_a_rank_failing_after_the_raise_is_added_as_a_note(run):
 
 
 # ------------------------------------------------------------------------ issuing
+@contextlib.contextmanager
+def _one_blocked(run) -> Iterator[Any]:
+    """Group 'one' busy (its blocking call, yielded) until the block ends."""
+    path = _release(run)
+    blocker = run["one"].block(path)
+    try:
+        yield blocker
+    finally:
+        open(path, "w").close()
+
+
+def _counted(monkeypatch, name: str) -> list[int]:
+    """How many refs each `ray.<name>` call from now on is given (a single ref counts 1); the
+    real function still runs."""
+    sizes: list[int] = []
+    real = getattr(ray, name)
+
+    def counting(refs, *args, **kwargs):
+        sizes.append(len(refs) if isinstance(refs, list) else 1)
+        return real(refs, *args, **kwargs)
+
+    monkeypatch.setattr(ray, name, counting)
+    return sizes
+
+
 def test_waiting_on_many_calls_in_flight_asks_ray_once_per_round(run, monkeypatch):
     """`twinkle_core.wait` over 200 calls in flight asks Ray with one `ray.wait` about all of
     them (`RayPendingCall.ask_many`), then answers each `done()` from it, not one question
@@ -191,25 +219,34 @@ def test_waiting_on_many_calls_in_flight_asks_ray_once_per_round(run, monkeypatc
     monkeypatch.setattr(pending_module, "LOOK_FRESH_S", 3600.0)  # nothing gets stale here
     monkeypatch.setattr(Runtime, "LOOK_EVERY_S", 0.0)  # every call looks (at old calls only)
     one = run["one"]
-    path = _release(run)
-    blocker = one.block(path)
-    asked = []
-    real_wait = ray.wait
-    monkeypatch.setattr(
-        ray, "wait", lambda refs, *a, **k: asked.append(len(refs)) or real_wait(refs, *a, **k)
-    )
-    try:
+    asked = _counted(monkeypatch, "wait")
+    with _one_blocked(run) as blocker:
         pending = [one.noop() for _ in range(200)]
         assert asked == []  # issuing asks nothing
         done, running = wait(pending, num_returns=0, timeout=0)
         assert done == [] and len(running) == 200
         assert not any(p.done() for p in pending)
-    finally:
-        open(path, "w").close()
     assert asked == [200]  # one question about all of them
     blocker()
     assert all(p() == [None] for p in pending)
     assert all(p.done() for p in pending)
+
+
+def test_get_fetches_many_calls_in_flight_with_one_ray_get(run, monkeypatch):
+    """`twinkle_core.get` over 200 calls in flight waits for them with one `ray.get` of all
+    their refs (`RayPendingCall.fetch_many`), as raw Ray code gets a list, and then collects
+    each call from what it fetched: no round trip per call."""
+    from twinkle_core import get
+
+    one = run["one"]
+    got = _counted(monkeypatch, "get")
+    with _one_blocked(run) as blocker:
+        pending = [one.small() for _ in range(200)]
+        assert got == []  # issuing fetches nothing
+    assert get(pending, timeout=60) == [[[0, "small"]]] * 200
+    assert got == [200]  # one fetch of all of them, then nothing per call
+    assert all(p.resolved for p in pending)
+    blocker()
 
 
 def test_done_is_fresh_and_stays_true(run, monkeypatch):

@@ -42,7 +42,7 @@ from .portable import RemoteError
 from .remote import remote_class, remote_function
 from .runtime import group_state, initialize, is_initialized, shutdown
 from .stacks import dump_stacks
-from .waiting import as_completed, wait
+from .waiting import as_completed, get, wait
 
 __all__ = [
     "CallTimeoutError",
@@ -72,6 +72,7 @@ __all__ = [
     "collective",
     "collective_group",
     "dump_stacks",
+    "get",
     "get_device_placement",
     "get_worker_context",
     "group_state",

@@ -52,6 +52,7 @@ class PreparedCall:
         "device_mesh",
         "dispatcher",
         "method",
+        "plain_args",
         "stand_ins",
     )
 
@@ -63,6 +64,11 @@ class PreparedCall:
         self.device_mesh: DeviceMesh | None = None
         #: Anything the backend keeps for this call between `resolve_argument` and `submit`.
         self.backend_data: Any = None
+        #: The positional arguments as the user passed them, when core found them plain data
+        #: (`twinkle_core.plugin.is_plain_data`), else None: a worker call whose `args` is this
+        #: very tuple (`dispatch='all'` hands every worker the same one) need not be looked
+        #: at again.
+        self.plain_args: tuple | None = None
         #: Whether a resolved argument holds `RankParts` (a by-reference hand-off, see
         #: `twinkle_core.handoff`): core turns those a dispatcher left whole into arrays.
         self.stand_ins = False
@@ -106,6 +112,15 @@ class PendingCall(ABC):
         answer from that (Ray: one `ray.wait`). `twinkle_core.wait`, `as_completed` and the
         runtime's bookkeeping call it before they go through many calls. Does nothing by
         default: `done()` then answers each on its own."""
+
+    @classmethod
+    def fetch_many(cls, calls: list[PendingCall], timeout: float | None) -> None:
+        """About to collect each of `calls` (all of this class) in turn (`twinkle_core.get`):
+        a backend whose fetch is a round trip may wait for all of them at once here and keep
+        what it fetched, so each `wait` then returns at once (Ray: one `ray.get` of every
+        call's refs, as raw Ray code gets a list). Returns when every call finished, when one
+        failed (fail fast) or after `timeout` seconds, raising nothing: each call's own `wait`
+        then raises its failure or its timeout. Does nothing by default."""
 
     def trace_links(self) -> list[str] | None:
         """The ids this call's workers record for their executions of it (e.g. Ray task

@@ -324,8 +324,11 @@ def invoke(
     targets = target_ranks(spec.execute, workers)
     prepared = PreparedCall(spec.name, dispatcher)
     # Plain data (a config dict, token ids) holds no LazyCollect: not walked (`plain.py`).
-    if args and not is_plain_data(args):
-        args = _resolve_lazy(args, workers, prepared)
+    if args:
+        if is_plain_data(args):
+            prepared.plain_args = args
+        else:
+            args = _resolve_lazy(args, workers, prepared)
     if kwargs and not is_plain_data(kwargs):
         kwargs = _resolve_lazy(kwargs, workers, prepared)
     mesh = call_mesh(targets, workers)

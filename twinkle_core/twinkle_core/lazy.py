@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import Any
 
@@ -286,18 +287,34 @@ class LazyCollect:
         return f"<LazyCollect{what} {state}>"
 
 
-def ask_many(lazies: Iterable[LazyCollect]) -> None:
-    """Before asking `done()` of many calls: let each backend ask about its calls at once
-    (`PendingCall.ask_many`, grouped by the pending call's class). Resolved calls and
-    LazyCollects without a pending call are left out."""
-    by_class: dict[type, list[Any]] = {}
+def _pending_by_class(lazies: Iterable[LazyCollect]) -> dict[type, list[Any]]:
+    """The pending calls of the unresolved `lazies`, each once, grouped by class; resolved
+    calls and LazyCollects without a pending call are left out."""
+    by_class: dict[type, dict[int, Any]] = {}
     for lazy in lazies:
         if lazy._value is not _UNSET or lazy._error is not None:
             continue
         pending = getattr(lazy.source, "pending", None)
         if pending is not None:
-            by_class.setdefault(type(pending), []).append(pending)
-    for kind, calls in by_class.items():
+            by_class.setdefault(type(pending), {})[id(pending)] = pending
+    return {kind: list(calls.values()) for kind, calls in by_class.items()}
+
+
+def ask_many(lazies: Iterable[LazyCollect]) -> None:
+    """Before asking `done()` of many calls: let each backend ask about its calls at once
+    (`PendingCall.ask_many`, grouped by the pending call's class)."""
+    for kind, calls in _pending_by_class(lazies).items():
         ask = getattr(kind, "ask_many", None)
         if ask is not None:
             ask(calls)
+
+
+def fetch_many(lazies: Iterable[LazyCollect], timeout: float | None) -> None:
+    """Before collecting many calls in turn: let each backend wait for its calls at once
+    (`PendingCall.fetch_many`, grouped by the pending call's class), within `timeout`
+    seconds in all."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    for kind, calls in _pending_by_class(lazies).items():
+        fetch = getattr(kind, "fetch_many", None)
+        if fetch is not None:
+            fetch(calls, None if deadline is None else max(0.0, deadline - time.monotonic()))

@@ -1,5 +1,8 @@
-"""Waiting on many calls at once: `wait` (as `ray.wait`) and `as_completed` (as
-`concurrent.futures.as_completed`), for every backend.
+"""Waiting on many calls at once: `get` (as `ray.get` of a list), `wait` (as `ray.wait`) and
+`as_completed` (as `concurrent.futures.as_completed`), for every backend.
+
+`get` lets each backend wait for all its calls in one round trip (`PendingCall.fetch_many`),
+then collects each call as calling it would.
 
 Both only ask each LazyCollect whether it is done (`done()` never blocks; each round first lets
 the backends ask about all the calls at once, `PendingCall.ask_many`), with a short sleep
@@ -11,9 +14,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 from .errors import CallTimeoutError, ConfigurationError
-from .lazy import LazyCollect, ask_many
+from .lazy import LazyCollect, ask_many, fetch_many
 
 _FIRST_SLEEP, _MAX_SLEEP = 0.001, 0.02
 
@@ -43,6 +47,44 @@ def _check_timeout(timeout: float | None, function: str) -> None:
         raise ConfigurationError(
             f"{function}(timeout=...) must be None or a number of seconds >= 0, got {timeout!r}"
         )
+
+
+def get(lazies: Iterable[LazyCollect], timeout: float | None = None) -> list[Any]:
+    """The values of many calls, in the order given: as `ray.get` of a list of refs.
+
+    Where calling each LazyCollect in turn waits for each call on its own, this waits for all
+    of them at once (on Ray, one `ray.get` of every call's results), then collects each call
+    as calling it would: the same values, the same collectors, and each value cached on its
+    LazyCollect. A failed call raises its failure, tagged with its own call site; the first
+    failure seen ends the wait (fail fast), without waiting for the calls still running.
+    `CallTimeoutError` when calls are still running `timeout` seconds after the call, naming
+    the first of them. The same LazyCollect may be given more than once.
+    """
+    if isinstance(lazies, LazyCollect):
+        raise ConfigurationError(
+            "get(lazies=...) takes a list of LazyCollect, got one LazyCollect; call it for its "
+            "value instead: lazy(timeout)"
+        )
+    items = list(lazies)
+    bad = [x for x in items if not isinstance(x, LazyCollect)]
+    if bad:
+        raise ConfigurationError(
+            "get(lazies=...) must hold only LazyCollect (what remote calls return), got "
+            f"{type(bad[0]).__name__}: {bad[0]!r}"
+        )
+    _check_timeout(timeout, "get")
+    deadline = None if timeout is None else time.monotonic() + timeout
+
+    def left() -> float | None:
+        return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+    fetch_many(items, timeout)
+    # Fail fast: a call found failed raises now, not once the calls given before it finished.
+    ask_many(items)
+    for x in items:
+        if not x.resolved and x.done():
+            x(left())
+    return [x(left()) for x in items]
 
 
 def wait(

@@ -239,11 +239,12 @@ def _culprit(value: Any, depth: int = 0) -> list[str]:
     return here
 
 
-def all_plain_data(calls: Sequence[Any]) -> bool:
+def all_plain_data(calls: Sequence[Any], known: tuple | None = None) -> bool:
     """Whether every argument of `calls` is plain data (`twinkle_core.plugin.is_plain_data`):
     nothing then to refuse or to explain, so `checked_arguments` can be skipped. The very same
-    args tuple for every worker (`dispatch='all'`) is looked at once."""
-    last = None
+    args tuple for every worker (`dispatch='all'`) is looked at once, and `known` (an args
+    tuple core already found plain: `PreparedCall.plain_args`) not at all."""
+    last = known
     for call in calls:
         args = call.args
         if args is not last:

@@ -212,6 +212,22 @@ class RayPendingCall(PendingCall):
                     call._known_done = True
                     call.workers.finished.append(weakref.ref(call))
 
+    @classmethod
+    def fetch_many(cls, calls: list[PendingCall], timeout: float | None) -> None:
+        """Fetch the replies of `calls` with one `ray.get` of all their refs, as raw Ray code
+        gets a list: `twinkle_core.get` then collects each call without a round trip of its
+        own. Ray's `ray.get` of a list ends at the first failure (fail fast); on a failure or
+        a timeout nothing is kept, and each call's own `wait` raises it."""
+        todo = [c for c in calls if isinstance(c, cls) and c._replies is None and not c._failures]
+        if not todo:
+            return
+        refs = [ref for pending in todo for ref in _fetched_refs(pending.value_refs)]
+        try:
+            replies = ray.get(refs, timeout=timeout)
+        except Exception:
+            return
+        _keep_replies(todo, replies)
+
     def done(self) -> bool:
         if self._replies is not None or self._failures or self._known_done:
             return True
@@ -497,6 +513,12 @@ def fetch_finished(finished: collections.deque) -> None:
         replies = ray.get(refs, timeout=0)  # all finished: nothing to wait for
     except Exception:
         return
+    _keep_replies(calls, replies)
+
+
+def _keep_replies(calls: list[RayPendingCall], replies: list[Any]) -> None:
+    """Give each of `calls` its share of `replies`, fetched from their refs in turn
+    (`_fetched_refs`), unless another thread gave it first."""
     start = 0
     for pending in calls:
         own = pending.value_refs

@@ -280,7 +280,8 @@ class RayWorkerGroup(WorkerGroup):
             if c.args or c.kwargs:
                 has_arguments = True
                 break
-        if has_arguments and all_plain_data(calls):  # nothing to refuse, and it pickles
+        # Nothing to refuse, and it pickles:
+        if has_arguments and all_plain_data(calls, prepared.plain_args):
             refs = self._send(method, calls, has_remote, rdt)
         elif has_arguments:
             # Arguments Ray would ship wrongly (an open file, a lock) are refused before

@@ -27,6 +27,7 @@ from twinkle_core import (
     DeviceMesh,
     collective,
     collective_group,
+    get,
     get_worker_context,
     remote_class,
     remote_function,
@@ -1205,6 +1206,66 @@ def check_wait_loop_each_result_once(run: Session) -> None:
         )
 
 
+def check_get_many(run: Session) -> None:
+    two = run.shared(Probe, "two")
+    other = run.shared(Probe, "other")
+    faulty = run.shared(Faulty, "two")
+    # Values in the order given, across two groups and two collectors, each cached on its call.
+    calls = [
+        other.napped(0.2, "slow"),
+        two.received(1),
+        two.napped(0.0, "quick"),
+        other.received({"k": [1, 2]}),
+    ]
+    values = get([*calls, calls[1]], timeout=120)
+    expect(
+        "get([napped 'slow', received 1, napped 'quick', received {...}, received 1 again])",
+        values,
+        ["slow", [1, 1], "quick", [{"k": [1, 2]}, {"k": [1, 2]}], [1, 1]],
+    )
+    expect("each call resolved by get", [c.resolved for c in calls], [True] * 4)
+    expect_true(
+        "a call's value after get is the very value get returned",
+        calls[3]() is values[3],
+        calls[3](),
+    )
+    expect("get([])", get([]), [])
+    # A failure raises, with the failing call's own call site, without waiting for a slow call
+    # given before it (where the backend runs calls while they are issued, both have finished).
+    started = time.monotonic()
+    slow = other.napped(NAP, "slow")
+    issued = time.monotonic() - started
+    failing = driver_call(faulty.value_error, 5)
+    exc = expect_raises("get([slow, value_error(5)])", lambda: get([slow, failing]), ValueError)
+    took = time.monotonic() - started
+    _expect_tagged_message("get([slow, value_error(5)])", exc, "bad batch 5")
+    _expect_failing_rank("get([slow, value_error(5)])", exc)
+    if issued < NAP / 2:
+        expect_true(
+            f"get raised before the {NAP:g} s call given first finished (fail fast)",
+            took < NAP,
+            f"{took:.2f} s",
+        )
+    expect("the slow call's value afterwards", slow(), "slow")
+    # A timeout names the call still running; the call can still be collected.
+    started = time.monotonic()
+    late = other.napped(NAP, "late")
+    if time.monotonic() - started < NAP / 2:
+        expect_raises(
+            "get([a 1.5 s call], timeout=0.1)", lambda: get([late], 0.1), CallTimeoutError
+        )
+    expect("the timed-out call's value afterwards", late(), "late")
+    # Bad input: named, with what to do instead.
+    for what, bad, pattern in (
+        ("get(one LazyCollect)", lambda: get(two.received(0)), r"call it"),
+        ("get([a number])", lambda: get([3]), r"only LazyCollect"),  # type: ignore[list-item]
+        ("get(calls, timeout=-1)", lambda: get([], timeout=-1), r"timeout"),
+    ):
+        err = expect_raises(what, bad, ConfigurationError)
+        said = re.search(pattern, str(err)) is not None
+        expect_true(f"{what}: the message says {pattern!r}", said, str(err))
+
+
 # --------------------------------------------------------------------- arguments
 def _expect_names_argument(what: str, exc: BaseException, pattern: str, argument: str) -> None:
     message = str(exc)
@@ -1462,6 +1523,13 @@ _CHECKS: tuple[Check, ...] = (
         "ready, pending = wait(pending, num_returns=k) in a loop sees every call once",
         (("two", 2), ("other", 2)),
         check_wait_loop_each_result_once,
+    ),
+    Check(
+        "get_many",
+        "get(calls) gives every value in the order given, each cached on its call, and raises "
+        "the first failure with its call site without waiting for slower calls",
+        (("two", 2), ("other", 2)),
+        check_get_many,
     ),
     Check(
         "collective_numpy_broadcast",
