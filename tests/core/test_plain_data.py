@@ -30,9 +30,10 @@ _keys = st.one_of(st.text(max_size=2), st.integers(0, 9))
 
 def _containers(inner):
     return st.one_of(
-        st.lists(inner, max_size=5),
-        st.lists(inner, max_size=5).map(tuple),
-        st.dictionaries(_keys, inner, max_size=4),
+        # Sizes on both sides of the item-by-item look (`plain._LOOP_ITEMS`).
+        st.lists(inner, max_size=12),
+        st.lists(inner, max_size=12).map(tuple),
+        st.dictionaries(_keys, inner, max_size=12),
     )
 
 
