@@ -60,7 +60,11 @@ def side_figures(samples: dict[str, list[float]], kinds: tuple[str, ...]) -> dic
 
 def side_note(figures: dict[str, dict]) -> str:
     """The note's part for `side_figures`: '8x8 array: 2.1 ms vs 2.0 ms (x1.05); ...'."""
-    label = {"array": "8x8 float32 array", "none": "no argument"}
+    label = {
+        "array": "8x8 float32 array",
+        "none": "no argument",
+        "get": "dict, resolved with twinkle_core.get",
+    }
     return "; ".join(
         f"{label[k]}: {fmt_time(f['twinkle_s'])} vs {fmt_time(f['raw_s'])} (x{f['ratio']:.2f})"
         for k, f in figures.items()

@@ -8,18 +8,22 @@ On a one-worker group against one plain actor of the same class (`bench_ops.Ops`
   `CONFIG` is case 1's `{"step": 3, "lr": 1e-4, "tags": ["a", "b"]}`.
 - array (in the note and `extra`): the same with case 1's `ARRAY`, an 8x8 float32 numpy array.
 - no argument (in the note and `extra`): 1000 `one.noop()` against 1000 `actor.noop.remote()`.
+- dict resolved with `twinkle_core.get` (in the note and `extra`): the same 1000 calls as the
+  headline's, resolved with one `get(lazies)` (one `ray.get` of every call's refs), against
+  the headline's raw figure: the very idiom raw Ray uses.
 Fair because in every variant both sides queue the same 1000 actor tasks, with the very same
 argument object (sent inline with each task by both), on one worker running the same method,
 and fetch every result; the ratio is what twinkle adds per call when calls are pipelined
-rather than waited for one by one. The six variants run in the same interleaved rounds.
+rather than waited for one by one. The seven variants run in the same interleaved rounds.
 """
 
 from __future__ import annotations
 
 import ray
-from harness import Context, Row, interleave, row_from_samples
+from harness import Context, Row, interleave, median, row_from_samples
 
-from cases.ray_call import argument_variants, side_figures, side_note
+from cases.ray_call import CONFIG, argument_variants, side_figures, side_note
+from twinkle_core import get
 
 NUMBER, NAME, QUICK, SESSION = "2", "ray-many", True, ("one",)
 
@@ -27,9 +31,8 @@ NUMBER, NAME, QUICK, SESSION = "2", "ray-many", True, ("one",)
 def run(ctx: Context) -> list[Row]:
     one, (actor,) = ctx.ray.twinkle("one"), ctx.ray.raw("one")
     # Rounds of 1000 calls vary by +-40% on a shared 2-core machine, so the more the steadier
-    # the medians; 6 rounds of 6 variants (calls with arguments are dearer) take about what 25
-    # of the former 2 no-argument variants did (quick mode: 3 of 150 calls, 3 of 500).
-    calls, rounds = (150, 3) if ctx.quick else (1000, 6)
+    # the medians: 10 rounds of the 7 variants take about 30 s (quick mode: 3 of 150 calls).
+    calls, rounds = (150, 3) if ctx.quick else (1000, 10)
 
     def twinkle_with(value):
         def go() -> None:
@@ -55,9 +58,15 @@ def run(ctx: Context) -> list[Row]:
         refs = [actor.noop.remote() for _ in range(calls)]
         ray.get(refs, timeout=120)
 
+    def twinkle_get() -> None:
+        get([one.take(CONFIG) for _ in range(calls)], 120)
+
     variants = argument_variants(twinkle_with, raw_with, twinkle_none, raw_none)
+    variants["twinkle-get"] = twinkle_get
     samples = interleave(variants, rounds, per=calls, warmup=1)
     figures = side_figures(samples, ("array", "none"))
+    with_get, raw = median(samples["twinkle-get"]), median(samples["raw"])
+    figures["get"] = {"twinkle_s": with_get, "raw_s": raw, "ratio": with_get / raw}
     return [
         row_from_samples(
             NUMBER,
