@@ -9,8 +9,10 @@ issued then resolved (per call) with the dict and with 64 KiB; the same with the
 1-worker group; and 1000 calls with the dict issued while every worker is busy (blocked until a
 file appears: only issuing is timed, per call, as case 3 does), on 4 and on 1 worker, with the
 issue cost per call at 2000 pending over that at 500 in the note. Fair: the same values,
-methods, workers and cluster; raw Ray inlines such
-values in each task up to 100 KiB, which twinkle now does too (`shipping.INLINE_BYTES`).
+methods, workers and cluster; raw Ray inlines such values in each task up to 100 KiB, which
+twinkle now does too (`shipping.INLINE_BYTES`). Rounds: 100 of each one-call row and 12 of
+each 1000-call row, as a round varies by +-40% on a shared 2-core machine (with 7, 20h's ratio
+moved by 0.1 between runs).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ def run(ctx: Context) -> list[Row]:
     four, actors = ctx.ray.twinkle("four"), ctx.ray.raw("four")
     one, (actor,) = ctx.ray.twinkle("one"), ctx.ray.raw("one")
     rows = []
-    rounds = 10 if ctx.quick else 40
+    rounds = 10 if ctx.quick else 100
     for i, (what, value) in enumerate(VALUES.items()):
 
         def twinkle(value=value) -> None:
@@ -56,7 +58,7 @@ def run(ctx: Context) -> list[Row]:
                 samples,
             )
         )
-    calls, rounds = (200, 3) if ctx.quick else (1000, 7)
+    calls, rounds = (200, 3) if ctx.quick else (1000, 12)
     for row_id, what, group, handles in (
         ("20f", "a 2-key dict", four, actors),
         ("20g", "64 KiB of bytes", four, actors),
