@@ -18,9 +18,8 @@ import tempfile
 import time
 
 import ray
-from bench_ops import Bench, Ops
 from cases.ray_call import CONFIG
-from harness import issue_while_busy
+from harness import issue_while_busy, one_worker_ab
 
 CALLS, ROUNDS, WARMUP = 1000, 14, 2
 
@@ -28,16 +27,8 @@ CALLS, ROUNDS, WARMUP = 1000, 14, 2
 def main() -> None:
     import twinkle_core.calls as core_calls
     import twinkle_ray.workers as ray_workers
-    from twinkle_core import DeviceGroup, initialize, shutdown
 
-    here = os.path.dirname(os.path.abspath(__file__))
-    ray.init(num_cpus=4, include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": here}})
-    initialize(mode="ray", groups=[DeviceGroup("one", 1)])
-    try:
-        one = Bench(remote_group="one")
-        actor = ray.remote(num_cpus=1)(Ops).remote()
-        one.take(CONFIG)()
-        ray.get(actor.take.remote(CONFIG))
+    with one_worker_ab(CONFIG) as (one, actor):
         new_plain, new_all = core_calls.is_plain_data, ray_workers.all_plain_data
         folder = tempfile.mkdtemp(prefix="twb-ab-")
         samples: dict[str, list[float]] = {"new": [], "old": [], "raw": []}
@@ -54,7 +45,9 @@ def main() -> None:
                 else:
                     on = variant == "new"
                     core_calls.is_plain_data = new_plain if on else (lambda v, d=3: False)
-                    ray_workers.all_plain_data = new_all if on else (lambda calls: False)
+                    ray_workers.all_plain_data = (
+                        new_all if on else (lambda calls, known=None: False)
+                    )
                     took = issue_while_busy(one, path, lambda: one.take(CONFIG), CALLS)
                 if r >= WARMUP:
                     samples[variant].append(took / CALLS * 1e6)
@@ -65,9 +58,6 @@ def main() -> None:
             f"raw {med['raw']:.0f} us; new/raw {med['new'] / med['raw']:.2f}, "
             f"old/raw {med['old'] / med['raw']:.2f}"
         )
-    finally:
-        shutdown()
-        ray.shutdown()
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ busy the machine is, only on what twinkle adds.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -17,7 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -109,6 +110,31 @@ def fmt_time(seconds: float | None) -> str:
     if seconds < 1.0:
         return f"{seconds * 1e3:.3g} ms"
     return f"{seconds:.3g} s"
+
+
+@contextlib.contextmanager
+def one_worker_ab(value: Any) -> Iterator[tuple[Any, Any]]:
+    """For the A/B scripts beside the suite (`ab_*.py`): an embedded Ray cluster, a one-worker
+    twinkle group `one` running `bench_ops.Bench` and a plain actor of `bench_ops.Ops`, both
+    warmed up with one `take(value)`; yields (the twinkle object, the actor) and shuts both
+    down after."""
+    import ray
+    from bench_ops import Bench, Ops
+
+    from twinkle_core import DeviceGroup, initialize, shutdown
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    ray.init(num_cpus=4, include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": here}})
+    initialize(mode="ray", groups=[DeviceGroup("one", 1)])
+    try:
+        one = Bench(remote_group="one")
+        actor = ray.remote(num_cpus=1)(Ops).remote()
+        one.take(value)()
+        ray.get(actor.take.remote(value))
+        yield one, actor
+    finally:
+        shutdown()
+        ray.shutdown()
 
 
 def issue_while_busy(group: Any, path: str, call: Callable[[], Any], n: int) -> float:

@@ -1,0 +1,132 @@
+"""Where a pipelined call's driver time goes, in one process: twinkle's own Python per call,
+what it adds once it runs between Ray's submissions, and the garbage collections that calls in
+flight bring.
+
+Not a suite case: a look inside twinkle's issue path against Ray's own. One Ray cluster, a
+one-worker group and a plain actor, 1000 calls with case 1's config dict per round.
+
+1. The driver thread's CPU per issued call (`time.thread_time`), in alternating rounds:
+   "ray", 1000 `.remote()` of twinkle's actor method (Ray's submission alone); "own", 1000
+   twinkle calls with that submission replaced by a finished ref (twinkle's Python alone);
+   "both", the two interleaved (a stubbed twinkle call, then a `.remote()`); "twinkle", 1000
+   twinkle calls. "both" over "ray" + "own" is what running between submissions adds.
+2. Python's garbage collections (`gc.callbacks`) while 1000 calls are issued then resolved,
+   twinkle against raw Ray, counted per generation, with their time.
+
+    cd benchmarks && python ab_issue_path.py
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import sys
+import time
+from typing import Any
+
+import ray
+from cases.ray_call import CONFIG
+from harness import one_worker_ab
+
+CALLS, ROUNDS, WARMUP = 1000, 15, 2
+
+
+class _Finished:
+    """Stands in for Ray's actor method: `.remote()` returns a finished ref at once."""
+
+    def __init__(self, ref: Any) -> None:
+        self.ref = ref
+
+    def remote(self, *args: Any, **kwargs: Any) -> Any:
+        return self.ref
+
+
+def _issue_cpu(one: Any, method: Any) -> dict[str, float]:
+    """Part 1: median driver-thread CPU per call, microseconds, of each variant."""
+    group = one.__dict__["_twinkle_binding"].workers  # a diagnostic reaches in
+    stub = _Finished(method.remote(CONFIG))
+    ray.get(stub.ref)
+
+    def stubbed(fn):
+        def run() -> list:
+            group.actor_method = lambda rank, name: stub  # instance attribute: undone below
+            try:
+                return fn()
+            finally:
+                del group.actor_method
+
+        return run
+
+    variants = {
+        "ray": lambda: [method.remote(CONFIG) for _ in range(CALLS)],
+        "own": stubbed(lambda: [one.take(CONFIG) for _ in range(CALLS)]),
+        "both": stubbed(
+            lambda: [x for _ in range(CALLS) for x in (one.take(CONFIG), method.remote(CONFIG))]
+        ),
+        "twinkle": lambda: [one.take(CONFIG) for _ in range(CALLS)],
+    }
+    samples: dict[str, list[float]] = {k: [] for k in variants}
+    for r in range(ROUNDS + WARMUP):
+        for name in variants if r % 2 else reversed(variants):
+            start = time.thread_time()
+            out = variants[name]()
+            took = time.thread_time() - start
+            ray.get([x for x in out if isinstance(x, ray.ObjectRef)], timeout=300)
+            [x(300) for x in out if not isinstance(x, ray.ObjectRef)]
+            if r >= WARMUP:
+                samples[name].append(took / CALLS * 1e6)
+    return {k: statistics.median(v) for k, v in samples.items()}
+
+
+def _collections(one: Any, actor: Any) -> dict[str, list[float]]:
+    """Part 2: per variant, collections of generations 0, 1, 2 and their seconds, in all."""
+    counts = {"twinkle": [0.0, 0.0, 0.0, 0.0], "raw": [0.0, 0.0, 0.0, 0.0]}
+    current = ["twinkle"]
+    started = [0.0]
+
+    def on_gc(phase: str, info: dict) -> None:
+        if phase == "start":
+            started[0] = time.perf_counter()
+        else:
+            row = counts[current[0]]
+            row[info["generation"]] += 1
+            row[3] += time.perf_counter() - started[0]
+
+    def twinkle() -> None:
+        for lazy in [one.take(CONFIG) for _ in range(CALLS)]:
+            lazy(300)
+
+    def raw() -> None:
+        ray.get([actor.take.remote(CONFIG) for _ in range(CALLS)], timeout=300)
+
+    gc.callbacks.append(on_gc)
+    try:
+        for _ in range(ROUNDS):
+            for name, fn in (("twinkle", twinkle), ("raw", raw)):
+                current[0] = name
+                fn()
+    finally:
+        gc.callbacks.remove(on_gc)
+    return counts
+
+
+def main() -> None:
+    with one_worker_ab(CONFIG) as (one, actor):
+        method = one.__dict__["_twinkle_binding"].workers.actor_method(0, "take")
+        cpu = _issue_cpu(one, method)
+        print(
+            "driver thread CPU per issued call: "
+            + ", ".join(f"{k} {v:.1f} us" for k, v in cpu.items())
+            + f"; both - (ray + own) = {cpu['both'] - cpu['ray'] - cpu['own']:.1f} us"
+        )
+        calls = ROUNDS * CALLS
+        for name, (g0, g1, g2, seconds) in _collections(one, actor).items():
+            print(
+                f"{name}: {calls} calls issued then resolved: collections of generation 0/1/2 "
+                f"{g0:.0f}/{g1:.0f}/{g2:.0f}, {seconds * 1e3:.0f} ms "
+                f"({seconds / calls * 1e6:.1f} us per call)"
+            )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
