@@ -27,8 +27,8 @@ from twinkle_core import (
     shutdown,
 )
 from twinkle_core.dispatch import SliceDPDispatcher
-from twinkle_core.plugin import PreparedCall
-from twinkle_ray.shipping import Shipper
+from twinkle_core.plugin import PreparedCall, WorkerCall
+from twinkle_ray.shipping import Shipper, ship_all
 from twinkle_ray.transfer import (
     RemoteArray,
     RemoteCollected,
@@ -246,6 +246,34 @@ def test_a_small_argument_shared_by_every_worker_travels_inline_as_raw_ray_sends
     shipper = Shipper(big)
     refs = [shipper.ship_call(a, k)[0][0] for a, k in big]
     assert shipper.puts == 1 and len({r.hex() for r in refs}) == 1
+
+
+@pytest.mark.parametrize(
+    ("shape", "puts"),
+    [
+        ("the same small args", 0),  # dispatch='all' with a config dict: the short road
+        ("the same args, one large", 1),
+        ("the same args, keywords too", 1),
+        ("equal args, not the same tuple", 1),
+    ],
+)
+def test_ship_all_puts_each_large_shared_value_once_whatever_the_shape(run, shape, puts):
+    """`ship_all`'s short road (every worker the very same small arguments) gives what the
+    `Shipper` gives: the arguments as they are; any other shape goes through the `Shipper`."""
+    small, large = {"lr": 0.1, "step": 3}, np.zeros(200_000)  # large: 1.6 MB
+    same = (small, large) if shape != "the same small args" else (small,)
+    if shape == "equal args, not the same tuple":
+        calls = [WorkerCall(r, (small, large), {}) for r in range(4)]
+    else:
+        kwargs = {"x": 1} if shape == "the same args, keywords too" else {}
+        calls = [WorkerCall(r, same, dict(kwargs)) for r in range(4)]
+    shipped = ship_all(calls)
+    assert [k for _, k in shipped] == [c.kwargs for c in calls]
+    assert all(a[0] is small for a, _ in shipped)  # small values travel as they are
+    refs = {a[1].hex() for a, _ in shipped if len(a) > 1}
+    assert len(refs) == puts  # the large one: put once, the same ref for every worker
+    if puts == 0:
+        assert all(a is same for a, _ in shipped)
 
 
 def test_a_shard_shared_by_peers_is_put_once_and_both_receive_it():

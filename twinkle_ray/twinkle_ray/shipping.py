@@ -73,6 +73,17 @@ def _estimate(value: Any, budget: list[int]) -> int:
     return INLINE_BYTES
 
 
+def _all_small_and_the_same(calls: list[WorkerCall]) -> bool:
+    """Whether every call has the very same positional arguments, no keywords, and none of
+    them large (`dispatch='all'` with a config dict, the common call): nothing to put, known
+    without the `Shipper`'s counting (measured: 6 us of a 4-worker call's 17 us of Python)."""
+    args = calls[0].args
+    for call in calls:
+        if call.args is not args or call.kwargs:
+            return False
+    return all(_is_small(value) for value in args)
+
+
 class Shipper:
     """Puts each large object shared by several workers' arguments into the object store once.
 
@@ -118,6 +129,8 @@ def ship_all(calls: list[WorkerCall]) -> list[tuple[tuple, dict]]:
     once; everything else exactly as given."""
     per_call = [(c.args, c.kwargs) for c in calls]
     if len(calls) < 2:
+        return per_call
+    if _all_small_and_the_same(calls):
         return per_call
     shipper = Shipper(per_call)
     if not shipper.large:
