@@ -3,21 +3,24 @@ what it adds once it runs between Ray's submissions, and the garbage collections
 flight bring.
 
 Not a suite case: a look inside twinkle's issue path against Ray's own. One Ray cluster, a
-one-worker group and a plain actor, 1000 calls with case 1's config dict per round.
+group of one worker (or `--workers N`) and as many plain actors, 1000 calls with case 1's
+config dict per round (`dispatch='all'`: every worker gets the dict).
 
 1. The driver thread's CPU per issued call (`time.thread_time`), in alternating rounds:
-   "ray", 1000 `.remote()` of twinkle's actor method (Ray's submission alone); "own", 1000
-   twinkle calls with that submission replaced by a finished ref (twinkle's Python alone);
-   "both", the two interleaved (a stubbed twinkle call, then a `.remote()`); "twinkle", 1000
-   twinkle calls. "both" over "ray" + "own" is what running between submissions adds.
+   "ray", 1000 calls' `.remote()` of twinkle's actor method, one per worker (Ray's
+   submission alone); "own", 1000 twinkle calls with that submission replaced by a finished
+   ref (twinkle's Python alone); "both", the two interleaved (a stubbed twinkle call, then
+   its `.remote()`s); "twinkle", 1000 twinkle calls. "both" over "ray" + "own" is what
+   running between submissions adds.
 2. Python's garbage collections (`gc.callbacks`) while 1000 calls are issued then resolved,
    twinkle against raw Ray, counted per generation, with their time.
 
-    cd benchmarks && python ab_issue_path.py
+    cd benchmarks && python ab_issue_path.py [--workers 4]
 """
 
 from __future__ import annotations
 
+import argparse
 import gc
 import statistics
 import sys
@@ -26,7 +29,7 @@ from typing import Any
 
 import ray
 from cases.ray_call import CONFIG
-from harness import one_worker_ab
+from harness import ab_session
 
 CALLS, ROUNDS, WARMUP = 1000, 15, 2
 
@@ -41,11 +44,14 @@ class _Finished:
         return self.ref
 
 
-def _issue_cpu(one: Any, method: Any) -> dict[str, float]:
+def _issue_cpu(one: Any, methods: list[Any]) -> dict[str, float]:
     """Part 1: median driver-thread CPU per call, microseconds, of each variant."""
     group = one.__dict__["_twinkle_binding"].workers  # a diagnostic reaches in
-    stub = _Finished(method.remote(CONFIG))
+    stub = _Finished(methods[0].remote(CONFIG))
     ray.get(stub.ref)
+
+    def submit() -> list:
+        return [m.remote(CONFIG) for m in methods]
 
     def stubbed(fn):
         def run() -> list:
@@ -58,11 +64,9 @@ def _issue_cpu(one: Any, method: Any) -> dict[str, float]:
         return run
 
     variants = {
-        "ray": lambda: [method.remote(CONFIG) for _ in range(CALLS)],
+        "ray": lambda: [x for _ in range(CALLS) for x in submit()],
         "own": stubbed(lambda: [one.take(CONFIG) for _ in range(CALLS)]),
-        "both": stubbed(
-            lambda: [x for _ in range(CALLS) for x in (one.take(CONFIG), method.remote(CONFIG))]
-        ),
+        "both": stubbed(lambda: [x for _ in range(CALLS) for x in (one.take(CONFIG), *submit())]),
         "twinkle": lambda: [one.take(CONFIG) for _ in range(CALLS)],
     }
     samples: dict[str, list[float]] = {k: [] for k in variants}
@@ -73,12 +77,13 @@ def _issue_cpu(one: Any, method: Any) -> dict[str, float]:
             took = time.thread_time() - start
             ray.get([x for x in out if isinstance(x, ray.ObjectRef)], timeout=300)
             [x(300) for x in out if not isinstance(x, ray.ObjectRef)]
+            del out  # freed here, not inside the next round's time
             if r >= WARMUP:
                 samples[name].append(took / CALLS * 1e6)
     return {k: statistics.median(v) for k, v in samples.items()}
 
 
-def _collections(one: Any, actor: Any) -> dict[str, list[float]]:
+def _collections(one: Any, actors: list[Any]) -> dict[str, list[float]]:
     """Part 2: per variant, collections of generations 0, 1, 2 and their seconds, in all."""
     counts = {"twinkle": [0.0, 0.0, 0.0, 0.0], "raw": [0.0, 0.0, 0.0, 0.0]}
     current = ["twinkle"]
@@ -97,7 +102,7 @@ def _collections(one: Any, actor: Any) -> dict[str, list[float]]:
             lazy(300)
 
     def raw() -> None:
-        ray.get([actor.take.remote(CONFIG) for _ in range(CALLS)], timeout=300)
+        ray.get([a.take.remote(CONFIG) for _ in range(CALLS) for a in actors], timeout=300)
 
     gc.callbacks.append(on_gc)
     try:
@@ -111,16 +116,20 @@ def _collections(one: Any, actor: Any) -> dict[str, list[float]]:
 
 
 def main() -> None:
-    with one_worker_ab(CONFIG) as (one, actor):
-        method = one.__dict__["_twinkle_binding"].workers.actor_method(0, "take")
-        cpu = _issue_cpu(one, method)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workers", type=int, default=1, help="workers of the group (1)")
+    workers = parser.parse_args().workers
+    with ab_session(CONFIG, workers) as (one, actors):
+        group = one.__dict__["_twinkle_binding"].workers
+        methods = [group.actor_method(rank, "take") for rank in range(workers)]
+        cpu = _issue_cpu(one, methods)
         print(
             "driver thread CPU per issued call: "
             + ", ".join(f"{k} {v:.1f} us" for k, v in cpu.items())
             + f"; both - (ray + own) = {cpu['both'] - cpu['ray'] - cpu['own']:.1f} us"
         )
         calls = ROUNDS * CALLS
-        for name, (g0, g1, g2, seconds) in _collections(one, actor).items():
+        for name, (g0, g1, g2, seconds) in _collections(one, actors).items():
             print(
                 f"{name}: {calls} calls issued then resolved: collections of generation 0/1/2 "
                 f"{g0:.0f}/{g1:.0f}/{g2:.0f}, {seconds * 1e3:.0f} ms "

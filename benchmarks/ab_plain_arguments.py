@@ -19,7 +19,7 @@ import time
 
 import ray
 from cases.ray_call import CONFIG
-from harness import issue_while_busy, one_worker_ab
+from harness import ab_session, issue_while_busy
 
 CALLS, ROUNDS, WARMUP = 1000, 14, 2
 
@@ -28,7 +28,7 @@ def main() -> None:
     import twinkle_core.calls as core_calls
     import twinkle_ray.workers as ray_workers
 
-    with one_worker_ab(CONFIG) as (one, actor):
+    with ab_session(CONFIG) as (one, (actor,)):
         new_plain, new_all = core_calls.is_plain_data, ray_workers.all_plain_data
         folder = tempfile.mkdtemp(prefix="twb-ab-")
         samples: dict[str, list[float]] = {"new": [], "old": [], "raw": []}

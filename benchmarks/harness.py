@@ -113,11 +113,11 @@ def fmt_time(seconds: float | None) -> str:
 
 
 @contextlib.contextmanager
-def one_worker_ab(value: Any) -> Iterator[tuple[Any, Any]]:
-    """For the A/B scripts beside the suite (`ab_*.py`): an embedded Ray cluster, a one-worker
-    twinkle group `one` running `bench_ops.Bench` and a plain actor of `bench_ops.Ops`, both
-    warmed up with one `take(value)`; yields (the twinkle object, the actor) and shuts both
-    down after."""
+def ab_session(value: Any, workers: int = 1) -> Iterator[tuple[Any, list[Any]]]:
+    """For the A/B scripts beside the suite (`ab_*.py`): an embedded Ray cluster, a twinkle
+    group `ab` of `workers` running `bench_ops.Bench` and as many plain actors of
+    `bench_ops.Ops`, all warmed up with one `take(value)`; yields (the twinkle object, the
+    actors) and shuts both down after."""
     import ray
     from bench_ops import Bench, Ops
 
@@ -125,13 +125,14 @@ def one_worker_ab(value: Any) -> Iterator[tuple[Any, Any]]:
 
     here = os.path.dirname(os.path.abspath(__file__))
     ray.init(num_cpus=4, include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": here}})
-    initialize(mode="ray", groups=[DeviceGroup("one", 1)])
+    cpus = 1 if workers == 1 else 0.5
+    initialize(mode="ray", groups=[DeviceGroup("ab", workers)], cpus_per_worker=cpus)
     try:
-        one = Bench(remote_group="one")
-        actor = ray.remote(num_cpus=1)(Ops).remote()
-        one.take(value)()
-        ray.get(actor.take.remote(value))
-        yield one, actor
+        group = Bench(remote_group="ab")
+        actors = [ray.remote(num_cpus=cpus)(Ops).remote() for _ in range(workers)]
+        group.take(value)()
+        ray.get([a.take.remote(value) for a in actors])
+        yield group, actors
     finally:
         shutdown()
         ray.shutdown()
