@@ -22,11 +22,19 @@ from .lazy import LazyCollect, ask_many, fetch_many
 _FIRST_SLEEP, _MAX_SLEEP = 0.001, 0.02
 
 
-def _as_list(lazies: Iterable[LazyCollect], function: str) -> list[LazyCollect]:
+def _as_list(
+    lazies: Iterable[LazyCollect],
+    function: str,
+    *,
+    repeats: bool = False,
+    for_one: str = "",
+) -> list[LazyCollect]:
+    """`lazies` as a list, checked: only LazyCollects, each once unless `repeats`; `for_one`
+    says what to do instead when given a single LazyCollect."""
     if isinstance(lazies, LazyCollect):
         raise ConfigurationError(
             f"{function}(lazies=...) takes a list of LazyCollect, got one LazyCollect; "
-            f"wrap it: {function}([lazy])"
+            f"{for_one or f'wrap it: {function}([lazy])'}"
         )
     items = list(lazies)
     bad = [x for x in items if not isinstance(x, LazyCollect)]
@@ -35,7 +43,7 @@ def _as_list(lazies: Iterable[LazyCollect], function: str) -> list[LazyCollect]:
             f"{function}(lazies=...) must hold only LazyCollect (what remote calls return), "
             f"got {type(bad[0]).__name__}: {bad[0]!r}"
         )
-    if len({id(x) for x in items}) != len(items):
+    if not repeats and len({id(x) for x in items}) != len(items):
         raise ConfigurationError(f"{function}(lazies=...) holds the same LazyCollect twice")
     return items
 
@@ -60,18 +68,9 @@ def get(lazies: Iterable[LazyCollect], timeout: float | None = None) -> list[Any
     `CallTimeoutError` when calls are still running `timeout` seconds after the call, naming
     the first of them. The same LazyCollect may be given more than once.
     """
-    if isinstance(lazies, LazyCollect):
-        raise ConfigurationError(
-            "get(lazies=...) takes a list of LazyCollect, got one LazyCollect; call it for its "
-            "value instead: lazy(timeout)"
-        )
-    items = list(lazies)
-    bad = [x for x in items if not isinstance(x, LazyCollect)]
-    if bad:
-        raise ConfigurationError(
-            "get(lazies=...) must hold only LazyCollect (what remote calls return), got "
-            f"{type(bad[0]).__name__}: {bad[0]!r}"
-        )
+    items = _as_list(
+        lazies, "get", repeats=True, for_one="call it for its value instead: lazy(timeout)"
+    )
     _check_timeout(timeout, "get")
     deadline = None if timeout is None else time.monotonic() + timeout
 
