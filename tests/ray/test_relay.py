@@ -18,6 +18,7 @@ import ray.cloudpickle
 import torch
 
 from twinkle_core import (
+    CallLostError,
     ConfigurationError,
     DeviceGroup,
     WorkerDiedError,
@@ -272,32 +273,49 @@ def test_two_branches_of_two_nodes_keep_order_and_fail_fast(cluster, no_runtime)
             cluster.remove_node(node)
 
 
-def test_a_killed_first_relay_fails_its_branch_saying_the_workers_may_be_alive(cluster, no_runtime):
-    """The branch's first relay killed (its process only; the workers live on): the next call
-    fails at once with a death for every rank of the branch, and the error says it came from
-    the relay, whose workers may still be alive, instead of leaving it for their own death."""
+@pytest.mark.parametrize("which", [0, 1], ids=["branch-first", "second"])
+def test_a_relay_dying_alone_loses_its_calls_but_not_the_workers(cluster, no_runtime, which):
+    """A relay killed on its own (its node and workers live on), the branch's first or the
+    node it hands calls on to: the call in flight through it fails with `CallLostError` saying
+    the worker is alive and whether it ran the call is unknown; then, with no restart (the
+    group may restart once, and does not), the next call runs on the same processes, which
+    kept their state, through new relays on the same nodes, and the old relays are gone."""
     initialize(
         "ray",
         address=cluster.address,
         nproc_per_node=2,
-        groups=[DeviceGroup("spread", [0, 1, 2, 3], "cpu")],
-        name="relay-killed",
+        groups=[DeviceGroup("spread", [0, 1, 2, 3], "cpu", max_restarts=1)],
+        name=f"relay-killed-{which}",
         cpus_per_worker=SPREAD,
     )
     try:
         recorder = Recorder(remote_group="spread")
-        route = _route(recorder)
-        assert route is not None and route.fanout == 2
-        pids = [pid for _, pid, _ in recorder.where()()]
-        ray.kill(route.relays[0], no_restart=True)
+        old = _route(recorder)
+        assert old is not None and old.fanout == 2
+        where = recorder.where()()
+        assert recorder.note("before")() == [r * 1000 + 1 for r in range(4)]
+        running = recorder.nap(3)  # in flight when the relay dies
+        time.sleep(0.5)
+        ray.kill(old.relays[which], no_restart=True)
         start = time.monotonic()
-        with pytest.raises(WorkerDiedError) as info:
-            recorder.note(1)(60)
+        with pytest.raises(CallLostError) as info:
+            running(60)
         assert time.monotonic() - start < 30.0
-        notes = "\n".join(getattr(info.value, "__notes__", []))
-        assert "went through a relay" in notes and "may still be alive" in notes, notes
-        for pid in pids:  # the workers themselves were not touched
-            os.kill(pid, 0)
+        text = str(info.value)
+        assert "relay" in text and "is alive" in text and "unknown" in text, text
+        # Waits for the new relays (after the workers ran what the old ones handed them).
+        assert recorder.note("after")(120) == [r * 1000 + 2 for r in range(4)]
+        assert recorder.history()() == [["before", "after"]] * 4  # their state, kept
+        assert recorder.where()() == where  # the same processes
+        state = group_state("spread")
+        assert (state.state, state.generation, state.restarts) == ("healthy", 0, 0), state
+        new = _route(recorder)
+        assert new is not None and new is not old and new.fanout == 2
+        nodes = ray.get([r._tw_ready.remote() for r in new.relays], timeout=30)
+        assert nodes == [where[0][0], where[2][0]]  # one per node, in the same order
+        for relay in old.relays:
+            with pytest.raises(ray.exceptions.RayActorError):
+                ray.get(relay._tw_ready.remote(), timeout=30)
     finally:
         shutdown()
 

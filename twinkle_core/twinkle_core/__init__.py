@@ -21,6 +21,7 @@ from .device_mesh import DeviceMesh
 from .dispatch import Dispatcher
 from .distributed import init_distributed
 from .errors import (
+    CallLostError,
     CallTimeoutError,
     CollectError,
     CollectiveBrokenError,
@@ -45,6 +46,7 @@ from .stacks import dump_stacks
 from .waiting import as_completed, get, wait
 
 __all__ = [
+    "CallLostError",
     "CallTimeoutError",
     "CollectError",
     "Collective",

@@ -31,6 +31,15 @@ class WorkerDiedError(TwinkleError, RuntimeError):
     """A worker process died (killed, out of memory, crashed) while the driver waited on it."""
 
 
+class CallLostError(TwinkleError, RuntimeError):
+    """A call's way to its workers broke while the workers live on: whether each worker ran
+    the call is unknown. On Ray, a relay that hands a multi-node group's calls to its node's
+    workers died on its own (its node and workers did not). The workers and their state are
+    intact, nothing restarts and no restart is spent: twinkle starts new relays and later
+    calls go through them. Call again if the call is safe to repeat.
+    """
+
+
 class CollectiveBrokenError(TwinkleError, RuntimeError):
     """A collective group lost a member (it died, or left): the surviving members' collective
     failed, and every later one on that group fails at once. The message names the group and

@@ -45,6 +45,7 @@ from .options import RayOptions
 from .payload_check import checked_arguments
 from .pending import RayPendingCall
 from .relay import NodeRelay, Route, register, remote_on, unregister
+from .rerouting import Rerouter
 from .resources import ClusterResourceError, ResourceManager, embedded_cluster_cpus, ray_request
 from .restarts import Restarter
 from .shadowing import check_worker_imports, connected_code_paths
@@ -140,11 +141,14 @@ class RayBackend(ExecutionBackend):
         self._reform_lock = threading.Lock()
         #: Turns a worker's death into a restart or a teardown (`restarts.py`).
         self.restarter = Restarter(self)
+        #: Replaces a group's relays after one died on its own (`rerouting.py`).
+        self.rerouter = Rerouter(self)
 
     # ------------------------------------------------------------------ lifecycle
     def initialize(self, config) -> None:
         super().initialize(config)
         self.restarter = Restarter(self)
+        self.rerouter = Rerouter(self)
         self.options = opts = RayOptions.parse(config.backend_options)
         config.health.listen(self._publish_health)
         for group in config.groups.values():
@@ -201,6 +205,7 @@ class RayBackend(ExecutionBackend):
     def shutdown(self) -> None:
         """Kill every actor and remove every placement group of this run; safe twice."""
         self.restarter.close()  # no restart may start actors while the run is taken down
+        self.rerouter.close()
         groups, self.worker_groups = self.worker_groups, []
         self.hosts = {}
         collectives, self.collectives = self.collectives, {}
@@ -378,8 +383,9 @@ class RayBackend(ExecutionBackend):
         """Record an object hosted by `hosts`, and route its deaths to the restarter."""
         hosts.members.append(Member(workers, cls, args, kwargs, slot))
         workers.hosts = hosts
-        restarter = self.restarter
+        restarter, rerouter = self.restarter, self.rerouter
         workers.restarter = lambda cause: restarter.died(hosts, cause)
+        workers.rerouter = lambda route: rerouter.relay_died(hosts, route)
 
     def rebuild(self, hosts: Hosts, generation: int) -> None:
         """Build `hosts`' actors again as `generation` (`restarts.Restarter`): new processes on

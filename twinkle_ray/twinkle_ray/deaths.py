@@ -34,3 +34,20 @@ def how_it_died(exc: BaseException) -> str:
     if isinstance(exc, rex.ActorUnavailableError):
         return "died or became unreachable (its process or its whole node is gone)"
     return "died"
+
+
+def actor_alive(handle: object) -> bool:
+    """Whether the cluster's control store (GCS) lists the actor behind `handle` as alive.
+
+    Asked only on failure paths, where a death error may stand for an actor other than the
+    worker (a relay that handed the call on): the GCS is what Ray itself decides deaths by,
+    and it answers while the worker is busy with a call (a liveness task would wait for it).
+    Unknown (no answer, no such actor) counts as not alive: the death then stands, as before.
+    """
+    from ray._private import state  # no public API reads one actor's state without the dashboard
+
+    try:
+        info = state.actors(actor_id=handle._actor_id.hex())  # type: ignore[attr-defined]
+    except Exception:
+        return False
+    return bool(info) and info.get("State") == "ALIVE"

@@ -52,6 +52,10 @@ class Hosts:
     rebuilt: bool = False
     #: The per-node relays of these actors (`relay.Route`), when they span enough nodes.
     route: Any = None
+    #: Set while a dead relay's route is replaced (`rerouting.py`): calls wait for it.
+    rerouting: threading.Event | None = None
+    #: How many times the relays were replaced (names the new ones).
+    reroutes: int = 0
 
     @property
     def alive(self) -> bool:

@@ -47,6 +47,8 @@ class WatchedCall(Protocol):
 
     def relay_slot(self, i: int, exc: BaseException) -> Any: ...
 
+    def lost_in_relay(self, i: int, exc: BaseException) -> WorkerFailure | None: ...
+
 
 class LateFailures:
     """Adds a note to an exception already raised when another rank of its call fails later.
@@ -112,7 +114,11 @@ class LateFailures:
                     raise
             except Exception as exc:
                 try:
-                    late = pending.workers.failure(pending.ranks[i], exc)
+                    # A relay killed or dead after this error was raised ends the worker's
+                    # ref too: the worker may be alive (`CallLostError`), say so if it is.
+                    late = pending.lost_in_relay(i, exc) or pending.workers.failure(
+                        pending.ranks[i], exc
+                    )
                     node = f" on node {late.node}" if late.node else ""
                     add_note(
                         first.exception,

@@ -32,7 +32,7 @@ from typing import Any, Protocol
 import ray
 import ray.exceptions as rex
 
-from twinkle_core import CallTimeoutError, DeviceGroup
+from twinkle_core import CallLostError, CallTimeoutError, DeviceGroup
 from twinkle_core.plugin import (
     PendingCall,
     WorkerFailure,
@@ -41,7 +41,7 @@ from twinkle_core.plugin import (
     note_fallback,
 )
 
-from .deaths import DEATH_ERRORS
+from .deaths import DEATH_ERRORS, actor_alive, how_it_died
 from .late_failures import HAS_ON_READY, LATE_FAILURES
 from .relay import NOT_REPORTED, RelayedRefs, RelayFailed, StillRunning, slot_of
 from .tracing import link_ids
@@ -77,6 +77,17 @@ class CallGroup(Protocol):
     #: Weak references to the group's calls found finished and not fetched yet
     #: (`RayPendingCall.ask_many` appends, `fetch_finished` takes).
     finished: collections.deque
+    #: The generation the actors are on (each restart makes new ones), and the actors by rank.
+    restarts: int
+    handles: list[Any]
+
+    def node_of(self, rank: int) -> str | None:
+        """The node rank `rank` runs on, for messages."""
+        ...
+
+    def relay_lost(self, route: Any) -> None:
+        """A relay of `route` died on its own: have new relays started (once)."""
+        ...
 
     def failure(self, rank: int, exc: BaseException) -> WorkerFailure:
         """A worker's error as a `WorkerFailure` (the user's own exception, or a death)."""
@@ -435,12 +446,25 @@ class RayPendingCall(PendingCall):
                 except Exception as exc:
                     slot = self.relay_slot(i, exc) if still is None else still.slot(exc)
                     if slot is NOT_REPORTED:  # the worker's own error, or its relay's death
+                        # A death on a relayed call may be a relay's (its task ended with no
+                        # report, or the worker's ref it owned went with it) while the worker
+                        # lives: `lost_in_relay` asks.
+                        lost = self.lost_in_relay(i, exc)
+                        if lost is not None:
+                            failures.append(lost)
+                            continue
                         failure = self.workers.failure(self.ranks[i], exc)
-                        if still is None and type(refs) is RelayedRefs:
-                            _note_relay_death(failure, exc)
+                        if type(refs) is RelayedRefs and (still is None or still.index is not None):
+                            _note_relay_death(failure, exc)  # a relay task's death
                         failures.append(failure)
                     elif type(slot) is RelayFailed:
-                        failures.append(self.workers.failure(self.ranks[i], slot.raised()))
+                        # The worker's own error, or (a peer relay of a branch died) the
+                        # peer relay's death.
+                        error = slot.raised()
+                        lost = self.lost_in_relay(i, error)
+                        failures.append(
+                            lost if lost is not None else self.workers.failure(self.ranks[i], error)
+                        )
                     elif type(slot) is StillRunning:
                         late[i] = slot
                         running.append(i)
@@ -469,6 +493,34 @@ class RayPendingCall(PendingCall):
         if running:
             LATE_FAILURES.watch(self, running, self._failures[0], late)
         raise WorkersFailedError(self._failures)
+
+    def lost_in_relay(self, i: int, exc: BaseException) -> WorkerFailure | None:
+        """Worker `i`'s failure when a relay died on its own (the error is a death, the worker
+        is alive): `CallLostError`, and the group's relays are replaced (`rerouting.py`); None
+        when the death stands for the worker (it is not alive, or the group restarted since
+        this call)."""
+        workers = self.workers
+        if (
+            type(self.value_refs) is not RelayedRefs
+            or not isinstance(exc, DEATH_ERRORS)
+            or self.generation != workers.restarts
+        ):
+            return None
+        rank = self.ranks[i]
+        if not actor_alive(workers.handles[rank]):
+            return None
+        node = workers.node_of(rank)
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        lost = CallLostError(
+            f"{workers.class_name}.{self.method} on group {workers.group.name!r}: the relay "
+            f"that handed this call to rank {rank} (node {node or '?'}) {how_it_died(exc)} "
+            f"({type(exc).__name__}: {reason[:200]}); rank {rank} is alive, but whether it ran "
+            "this call is unknown. The workers and their state are intact and no restart is "
+            "spent: twinkle starts new relays and later calls go through them. Call again if "
+            "the call is safe to repeat (docs/ray.md, Relays)"
+        )
+        workers.relay_lost(self.value_refs.route)
+        return WorkerFailure(rank, lost, node, str(exc))
 
 
 _FAILED = object()

@@ -358,9 +358,10 @@ async def _gather(sources: list[Any], counts: list[int]) -> list[Any]:
 class RelayedRefs(list):
     """One entry per worker, returned by `Route.send`: the ref of the relay task of the worker's
     node (the same ref for every worker of a node). `nodes` lists those refs once each, and
-    `at[i]` says which of them holds worker `i`'s reply and where in its list: `(node, k)`."""
+    `at[i]` says which of them holds worker `i`'s reply and where in its list: `(node, k)`;
+    `route` is the `Route` that sent them (a dead relay's calls name the route to replace)."""
 
-    __slots__ = ("at", "nodes")
+    __slots__ = ("at", "nodes", "route")
 
     def __reduce__(self):
         return (list, (list(self),))
@@ -426,7 +427,7 @@ class Route:
                 for i in by_node[node]:
                     at[i] = (t, k)
                     k += 1
-        refs.at = at
+        refs.at, refs.route = at, self
         with self._lock:
             refs.nodes = self._send_tasks(method, ranks, shipped, by_node, tasks)
         for i, (t, _) in enumerate(at):

@@ -102,6 +102,9 @@ class RayWorkerGroup(WorkerGroup):
         #: Driver-side only: `restarter(cause)` turns a death into a restart or a teardown
         #: (set by the backend: `restarts.Restarter.died` for this object's actors).
         self.restarter: Any = None
+        #: Driver-side only: `rerouter(route)` replaces the relays of `route` after one of them
+        #: died on its own (set by the backend: `rerouting.Rerouter.relay_died`).
+        self.rerouter: Any = None
         #: Driver-side only: the actors hosting this object (`hosts.Hosts`; set by the backend).
         self.hosts: Any = None
         #: The generation of the workers serving this object (0 until the group restarts).
@@ -144,6 +147,7 @@ class RayWorkerGroup(WorkerGroup):
         state.pop("finished", None)
         state["_methods"] = {}
         state["restarter"] = None
+        state["rerouter"] = None
         state["health"] = None
         state["hosts"] = None  # driver-side only (and holds a lock)
         state["route"] = None  # a worker calling this group is a caller of its own
@@ -202,6 +206,12 @@ class RayWorkerGroup(WorkerGroup):
             )
         return WorkerFailure(rank, exc, node, format_remote_traceback(exc))
 
+    def relay_lost(self, route: Any) -> None:
+        """A relay of `route` died on its own (the workers live): have the relays replaced,
+        once, unless they were already (or the actors restarted, with relays of their own)."""
+        if self.rerouter is not None:
+            self.rerouter(route)
+
     def on_failures(self, failures: list[WorkerFailure], generation: int | None = None) -> None:
         """Tear the group down, or have it restarted, after a worker died.
 
@@ -253,6 +263,9 @@ class RayWorkerGroup(WorkerGroup):
         has_remote = local is not None
         if self.torn_down is not None and self.health is not None:
             self._wait_for_restart()
+        hosts = self.hosts
+        if hosts is not None and hosts.rerouting is not None:
+            self._wait_for_relays(hosts.rerouting)
         if self.torn_down is not None:
             return CompletedCall(
                 [],
@@ -303,6 +316,12 @@ class RayWorkerGroup(WorkerGroup):
             return
         with waiting_for(f"group {self.group.name!r} to restart"):
             health.serving.wait(self.restart_wait)
+
+    def _wait_for_relays(self, ready: threading.Event) -> None:
+        """A call made while a dead relay is replaced waits for the new relays (at most the
+        run's start timeout), so that it cannot overtake the calls the old relays handed on."""
+        with waiting_for(f"group {self.group.name!r}'s relays to be replaced"):
+            ready.wait(self.restart_wait)
 
     def _send(
         self,
