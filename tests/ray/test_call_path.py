@@ -397,3 +397,48 @@ def test_succeeded_is_known_from_the_small_replies(run):
         time.sleep(0.01)
     pending = lazy.source.pending
     assert pending.succeeded() and pending._values is None  # no array reached the driver
+
+
+def test_replies_fetched_by_two_threads_are_kept_and_noted_once():
+    """The thread collecting a call and one fetching finished calls together
+    (`fetch_finished`, `fetch_many`) may both fetch its replies: whichever keeps them first
+    wins, every thread gets those same replies, and they are noted (`received`: fallbacks,
+    held results' drops) once. Noting takes a while here, so that a thread noting before it
+    keeps (the first version) lets the others in."""
+    import threading
+
+    class Counted(pending_module.RayPendingCall):
+        noted = 0
+
+        def received(self, replies):
+            type(self).noted += 1
+            time.sleep(0.02)
+
+    for _ in range(5):
+        Counted.noted = 0
+        call = Counted(None, "m", (0,), [None])
+        barrier = threading.Barrier(4)
+        kept: list = []
+
+        def keep(i: int, call=call, barrier=barrier, kept=kept) -> None:
+            barrier.wait()
+            kept.append(call._keep([i]))
+
+        threads = [threading.Thread(target=keep, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert Counted.noted == 1
+        assert len(kept) == 4 and all(k is call._replies for k in kept)
+
+
+def test_a_collected_call_keeps_no_lock(run):
+    """Once collected, a call answers from its values without a lock, and keeps none: one
+    object fewer per call for the garbage collector to look at while user code holds it."""
+    lazy = run["one"].small()
+    assert lazy(60) == [[0, "small"]]
+    pending = lazy.source.pending
+    assert pending._lock_made is None
+    assert pending.wait(0) == [[0, "small"]] and pending._lock_made is None
+    assert pending.succeeded()

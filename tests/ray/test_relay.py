@@ -273,10 +273,13 @@ def test_two_branches_of_two_nodes_keep_order_and_fail_fast(cluster, no_runtime)
             cluster.remove_node(node)
 
 
-@pytest.mark.parametrize("which", [0, 1], ids=["branch-first", "second"])
-def test_a_relay_dying_alone_loses_its_calls_but_not_the_workers(cluster, no_runtime, which):
-    """A relay killed on its own (its node and workers live on), the branch's first or the
-    node it hands calls on to: the call in flight through it fails with `CallLostError` saying
+@pytest.mark.parametrize(
+    ("which", "how"), [(0, "ray.kill"), (1, "SIGKILL")], ids=["branch-first", "second"]
+)
+def test_a_relay_dying_alone_loses_its_calls_but_not_the_workers(cluster, no_runtime, which, how):
+    """A relay killed on its own (its node and workers live on), the branch's first (by Ray)
+    or the node it hands calls on to (its process, SIGKILL): the call in flight through it
+    fails with `CallLostError` saying
     the worker is alive and whether it ran the call is unknown; then, with no restart (the
     group may restart once, and does not), the next call runs on the same processes, which
     kept their state, through new relays on the same nodes, and the old relays are gone."""
@@ -296,7 +299,12 @@ def test_a_relay_dying_alone_loses_its_calls_but_not_the_workers(cluster, no_run
         assert recorder.note("before")() == [r * 1000 + 1 for r in range(4)]
         running = recorder.nap(3)  # in flight when the relay dies
         time.sleep(0.5)
-        ray.kill(old.relays[which], no_restart=True)
+        if how == "SIGKILL":
+            pid = ray.get(old.relays[which].__ray_call__.remote(lambda _: os.getpid()))
+            assert pid not in [p for _, p, _ in where]
+            os.kill(pid, signal.SIGKILL)
+        else:
+            ray.kill(old.relays[which], no_restart=True)
         start = time.monotonic()
         with pytest.raises(CallLostError) as info:
             running(60)

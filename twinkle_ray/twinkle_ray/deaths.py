@@ -36,18 +36,20 @@ def how_it_died(exc: BaseException) -> str:
     return "died"
 
 
-def actor_alive(handle: object) -> bool:
-    """Whether the cluster's control store (GCS) lists the actor behind `handle` as alive.
+def actor_state(handle: object) -> str | None:
+    """The state the cluster's control store (GCS) lists for the actor behind `handle`
+    (`ALIVE`, `DEAD`, ...), or None when it gives none.
 
     Asked only on failure paths, where a death error may stand for an actor other than the
     worker (a relay that handed the call on): the GCS is what Ray itself decides deaths by,
-    and it answers while the worker is busy with a call (a liveness task would wait for it).
-    Unknown (no answer, no such actor) counts as not alive: the death then stands, as before.
+    it answers while the worker is busy with a call (a liveness task would wait for it), and
+    it lists an actor whose process died as `DEAD` at once, but one on a node lost without
+    warning as `ALIVE` until the node's loss is noticed (seconds).
     """
     from ray._private import state  # no public API reads one actor's state without the dashboard
 
     try:
         info = state.actors(actor_id=handle._actor_id.hex())  # type: ignore[attr-defined]
     except Exception:
-        return False
-    return bool(info) and info.get("State") == "ALIVE"
+        return None
+    return info.get("State") if info else None

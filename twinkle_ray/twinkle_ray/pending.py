@@ -41,7 +41,7 @@ from twinkle_core.plugin import (
     note_fallback,
 )
 
-from .deaths import DEATH_ERRORS, actor_alive, how_it_died
+from .deaths import DEATH_ERRORS, how_it_died
 from .late_failures import HAS_ON_READY, LATE_FAILURES
 from .relay import NOT_REPORTED, RelayedRefs, RelayFailed, StillRunning, slot_of
 from .tracing import link_ids
@@ -57,6 +57,10 @@ FAILURE_GRACE_MAX_SECONDS = 0.04
 
 #: Held only while a call's own lock is made (`RayPendingCall._lock`).
 _MAKE_LOCK = threading.Lock()
+#: Held only while a call's replies are checked and kept (`RayPendingCall._keep`): the
+#: thread collecting a call and one fetching finished calls together may fetch the same
+#: replies; one of them keeps them, and they are noted (`received`) once.
+_KEEP_LOCK = threading.Lock()
 
 #: How old a look at a call's workers (`RayPendingCall.ask_many`) may be for `done()` to
 #: answer from it: a polling loop that asked about many calls at once (`twinkle_core.wait`,
@@ -275,14 +279,17 @@ class RayPendingCall(PendingCall):
             return False
         if self._replies is not None:
             return True
-        if not self.done() or not self._lock.acquire(blocking=False):
-            return False  # still running, or another thread is collecting it right now
+        if not self.done():
+            return False
+        lock = self._lock  # the one released below, even if `wait` drops it meanwhile
+        if not lock.acquire(blocking=False):
+            return False  # another thread is collecting it right now
         try:
             self._fetch_replies(0)
         except Exception:
             return False
         finally:
-            self._lock.release()
+            lock.release()
         return True
 
     # ------------------------------------------------------------------ waiting
@@ -292,12 +299,19 @@ class RayPendingCall(PendingCall):
         return link_ids(self)
 
     def wait(self, timeout: float | None) -> list[Any]:
+        values = self._values
+        if values is not None:
+            return values
         with self._lock:
             if self._values is None:
                 deadline = None if timeout is None else time.monotonic() + timeout
                 replies = self._fetch_replies(timeout)
                 self._values = self._open(replies, deadline)
-            return self._values
+            values = self._values
+        # Final: later callers take the fast path above. A resolved call keeps no lock (one
+        # object fewer per call kept for the garbage collector to look at).
+        self._lock_made = None
+        return values
 
     def wait_meta(self, timeout: float | None) -> list[ResultMeta]:
         """The results' metadata only (large results stay in the object store); fails like
@@ -340,9 +354,18 @@ class RayPendingCall(PendingCall):
             self._raise_failures()
         except Exception:
             self._raise_failures()
-        self.received(replies)
-        self._replies = replies
-        return replies
+        return self._keep(replies)
+
+    def _keep(self, replies: list[Any]) -> list[Any]:
+        """Keep `replies` as this call's, unless another thread (`fetch_finished`,
+        `fetch_many`) kept them first: the replies kept, noted once (`received`)."""
+        with _KEEP_LOCK:
+            kept = self._replies
+            if kept is None:
+                self._replies = kept = replies
+        if kept is replies:
+            self.received(replies)
+        return kept
 
     def received(self, replies: list[Any]) -> None:
         """Note envelopes' transport fallbacks (once per method and reason) and have held
@@ -495,10 +518,10 @@ class RayPendingCall(PendingCall):
         raise WorkersFailedError(self._failures)
 
     def lost_in_relay(self, i: int, exc: BaseException) -> WorkerFailure | None:
-        """Worker `i`'s failure when a relay died on its own (the error is a death, the worker
-        is alive): `CallLostError`, and the group's relays are replaced (`rerouting.py`); None
-        when the death stands for the worker (it is not alive, or the group restarted since
-        this call)."""
+        """Worker `i`'s failure when a relay died on its own (the error is a death, the
+        worker's relay is dead and the worker alive: `Route.relay_died_alone`):
+        `CallLostError`, and the group's relays are replaced (`rerouting.py`); None when the
+        death stands for the worker (it or its node died, or the group restarted since)."""
         workers = self.workers
         if (
             type(self.value_refs) is not RelayedRefs
@@ -507,7 +530,7 @@ class RayPendingCall(PendingCall):
         ):
             return None
         rank = self.ranks[i]
-        if not actor_alive(workers.handles[rank]):
+        if not self.value_refs.route.relay_died_alone(rank, workers.handles[rank]):
             return None
         node = workers.node_of(rank)
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
@@ -577,9 +600,7 @@ def _keep_replies(calls: list[RayPendingCall], replies: list[Any]) -> None:
         relayed = type(own) is RelayedRefs
         stop = start + (len(own.nodes) if relayed else len(own))
         if pending._replies is None:
-            got = own.expand(replies[start:stop]) if relayed else replies[start:stop]
-            pending.received(got)
-            pending._replies = got
+            pending._keep(own.expand(replies[start:stop]) if relayed else replies[start:stop])
         start = stop
 
 

@@ -59,6 +59,8 @@ from typing import Any
 import ray
 import ray.exceptions
 
+from .deaths import actor_state
+
 #: How long the driver waits for a relay to hand a single task on (`Route.submit`).
 SUBMIT_TIMEOUT_S = 120.0
 #: At most this many worker tasks' links a relay keeps for a traced run (`NodeRelay.links`).
@@ -510,6 +512,19 @@ class Route:
             except BaseException:
                 self._seq[node] = seq  # never sent: the relay must not wait for it
                 raise
+
+    def relay_died_alone(self, rank: int, worker: Any) -> bool:
+        """Whether a relay between the driver and worker `rank` (its node's, or its branch's
+        first) is dead while the worker lives, as the GCS lists them (`deaths.actor_state`).
+        A relay whose process died is listed dead at once; one on a node lost without warning
+        stays listed alive, with the node's workers, until the loss is noticed: that death is
+        then the workers' (their node's), as on the direct path."""
+        node = self.where[rank][0]
+        lead = node - node % self.fanout
+        relays = {id(r): r for r in (self.relays[node], self.relays[lead])}.values()
+        if not any(actor_state(r) == "DEAD" for r in relays):
+            return False
+        return actor_state(worker) == "ALIVE"
 
     def kill(self) -> None:
         for relay in self.relays:
