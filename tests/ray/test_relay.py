@@ -274,15 +274,21 @@ def test_two_branches_of_two_nodes_keep_order_and_fail_fast(cluster, no_runtime)
 
 
 @pytest.mark.parametrize(
-    ("which", "how"), [(0, "ray.kill"), (1, "SIGKILL")], ids=["branch-first", "second"]
+    ("which", "how", "busy"),
+    [(0, "ray.kill", True), (1, "SIGKILL", True), (0, "SIGKILL", False)],
+    ids=["branch-first", "second", "while-idle"],
 )
-def test_a_relay_dying_alone_loses_its_calls_but_not_the_workers(cluster, no_runtime, which, how):
+def test_a_relay_dying_alone_loses_its_calls_but_not_the_workers(
+    cluster, no_runtime, which, how, busy
+):
     """A relay killed on its own (its node and workers live on), the branch's first (by Ray)
     or the node it hands calls on to (its process, SIGKILL): the call in flight through it
-    fails with `CallLostError` saying
+    (`busy`) fails with `CallLostError` saying
     the worker is alive and whether it ran the call is unknown; then, with no restart (the
     group may restart once, and does not), the next call runs on the same processes, which
-    kept their state, through new relays on the same nodes, and the old relays are gone."""
+    kept their state, through new relays on the same nodes, and the old relays are gone.
+    Killed while the group is idle, the relay is replaced before any call needs it: no call
+    is lost."""
     initialize(
         "ray",
         address=cluster.address,
@@ -297,20 +303,25 @@ def test_a_relay_dying_alone_loses_its_calls_but_not_the_workers(cluster, no_run
         assert old is not None and old.fanout == 2
         where = recorder.where()()
         assert recorder.note("before")() == [r * 1000 + 1 for r in range(4)]
-        running = recorder.nap(3)  # in flight when the relay dies
+        pid = ray.get(old.relays[which].__ray_call__.remote(lambda _: os.getpid()))
+        assert pid not in [p for _, p, _ in where]
+        running = recorder.nap(3) if busy else None  # in flight when the relay dies
         time.sleep(0.5)
         if how == "SIGKILL":
-            pid = ray.get(old.relays[which].__ray_call__.remote(lambda _: os.getpid()))
-            assert pid not in [p for _, p, _ in where]
             os.kill(pid, signal.SIGKILL)
         else:
             ray.kill(old.relays[which], no_restart=True)
         start = time.monotonic()
-        with pytest.raises(CallLostError) as info:
-            running(60)
-        assert time.monotonic() - start < 30.0
-        text = str(info.value)
-        assert "relay" in text and "is alive" in text and "unknown" in text, text
+        if running is not None:
+            with pytest.raises(CallLostError) as info:
+                running(60)
+            assert time.monotonic() - start < 30.0
+            text = str(info.value)
+            assert "relay" in text and "is alive" in text and "unknown" in text, text
+        else:  # noticed without a call (`Route.watch`): replaced before the next call
+            while _route(recorder) in (old, None) and time.monotonic() - start < 60:
+                time.sleep(0.05)
+            assert _route(recorder) not in (old, None)
         # Waits for the new relays (after the workers ran what the old ones handed them).
         assert recorder.note("after")(120) == [r * 1000 + 2 for r in range(4)]
         assert recorder.history()() == [["before", "after"]] * 4  # their state, kept

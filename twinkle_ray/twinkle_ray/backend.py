@@ -312,6 +312,8 @@ class RayBackend(ExecutionBackend):
             self.worker_groups.remove(workers)
             raise
         hosts = Hosts(workers, slots, rdt, hosting, instance, route=route)
+        if route is not None:
+            self.rerouter.watch(hosts, route)
         self._host(hosts, workers, cls, args, kwargs, 0)
         self._publish_health(health.snapshot())
         if shares and (group.name not in self.hosts or not self.hosts[group.name].alive):
@@ -435,6 +437,8 @@ class RayBackend(ExecutionBackend):
             hosts.route = route
             for member in members:
                 member.workers.route = route
+            if route is not None:
+                self.rerouter.watch(hosts, route)
         except BaseException:
             if route is not None:
                 route.kill()

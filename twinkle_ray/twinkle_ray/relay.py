@@ -180,6 +180,11 @@ class NodeRelay:
         """The relay's node id (the driver waits for this before routing calls here)."""
         return ray.get_runtime_context().get_node_id()
 
+    async def _tw_watch(self) -> None:
+        """Never returns: the driver's call ends only when this relay dies, which tells the
+        driver at once, even while the group is idle (`Route.watch`)."""
+        await asyncio.Event().wait()
+
     async def _turn(self, seq: int) -> None:
         if seq != self._next:
             future = self._waiting[seq] = asyncio.get_running_loop().create_future()
@@ -512,6 +517,19 @@ class Route:
             except BaseException:
                 self._seq[node] = seq  # never sent: the relay must not wait for it
                 raise
+
+    def watch(self, on_end: Any) -> None:
+        """Have `on_end(self)` called when one of the relays dies (or is killed): each runs a
+        task that never returns (`NodeRelay._tw_watch`), whose end is the relay's. `on_end`
+        runs on Ray's own thread, so it must only hand the news on."""
+        self._watches = [relay._tw_watch.remote() for relay in self.relays]
+        for ref in self._watches:
+            ref._on_completed(lambda _result: on_end(self))
+
+    def any_died_alone(self, handles: list[Any]) -> bool:
+        """Whether a relay is dead while a worker behind it lives (`relay_died_alone`), for
+        any rank; `handles` are the workers by rank."""
+        return any(self.relay_died_alone(rank, handles[rank]) for rank in self.where)
 
     def relay_died_alone(self, rank: int, worker: Any) -> bool:
         """Whether a relay between the driver and worker `rank` (its node's, or its branch's

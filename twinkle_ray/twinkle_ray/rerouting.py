@@ -48,6 +48,31 @@ class Rerouter:
         for thread in threads:
             thread.join(timeout)
 
+    def watch(self, hosts: Hosts, route: Any) -> None:
+        """Replace `route` (the relays of `hosts`) as soon as one of its relays dies on its
+        own, even while no call is in flight: the next call then waits for new relays instead
+        of failing in a dead one."""
+        route.watch(lambda ended: self._relay_ended(hosts, ended))
+
+    def _relay_ended(self, hosts: Hosts, route: Any) -> None:
+        """A relay of `route` ended (on Ray's thread: asking the GCS whether it died alone
+        blocks, so a thread of ours asks). Killed by twinkle (a restart, a teardown, a
+        replacement, the shutdown), the route is no longer `hosts`' and nothing happens."""
+        if self.closed or not hosts.alive or hosts.route is not route:
+            return
+        threading.Thread(
+            target=self._check, args=(hosts, route), name="twinkle-relay-ended", daemon=True
+        ).start()
+
+    def _check(self, hosts: Hosts, route: Any) -> None:
+        try:
+            alone = route.any_died_alone(hosts.first.handles)
+        except Exception as exc:  # the cluster is going away
+            log.debug("twinkle: looking at group %r's relays failed: %s", hosts.group.name, exc)
+            return
+        if alone:  # else its node is gone: the workers' death, found by their calls
+            self.relay_died(hosts, route)
+
     def relay_died(self, hosts: Hosts, route: Any) -> None:
         """A relay of `route` (the relays of `hosts`) died on its own: replace the route in
         the background, once. Safe to call from any thread, again for the same death."""
@@ -122,6 +147,8 @@ class Rerouter:
                     member.workers.route = route
                 if route is not None:
                     register(route, first.handles)
+        if route is not None:
+            self.watch(hosts, route)
 
     def _workers_caught_up(self, hosts: Hosts, timeout: float) -> bool:
         """Wait until every worker ran what reached it before now (one liveness task each).
