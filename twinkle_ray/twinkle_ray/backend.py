@@ -57,6 +57,10 @@ log = logging.getLogger("twinkle")
 
 #: user class -> (its Ray actor class, the methods it exposes directly); per connection.
 _actor_classes: dict[tuple[type, bool], tuple[Any, frozenset[str]]] = {}
+#: How much longer than a collective group's timeout a restart waits for the surviving members
+#: to leave the broken world (`RayBackend._reform_collectives`).
+LEAVE_MARGIN_S = 30.0
+
 #: The relays' Ray actor class (`relay.NodeRelay`), made once per connection.
 _relay_class: list[Any] = []
 
@@ -694,12 +698,26 @@ class RayBackend(ExecutionBackend):
             ]
         for formed in due:
             name = formed.spec.name
+            leaving = []
             for handle, workers in zip(formed.handles, formed.member_workers(), strict=True):
                 if workers.hosts is not hosts:  # a survivor: it leaves the broken world first
                     try:
-                        remote_on(handle, "_tw_apply", ray_collective.leave, name)
+                        leaving.append(remote_on(handle, "_tw_apply", ray_collective.leave, name))
                     except Exception:
                         pass
+            if leaving:
+                # A survivor still in a collective call of the broken world runs its leave (and
+                # then its join) only once that call gives up, after at most the group's
+                # timeout: wait for the leaves, so that the new world's rendezvous, bounded by
+                # the same timeout, starts with every member free to join (else a survivor
+                # freed late misses it, and each later attempt queues behind the last).
+                with waiting_for(f"the survivors of collective group {name!r} to leave it"):
+                    ray.wait(
+                        leaving,
+                        num_returns=len(leaving),
+                        timeout=formed.spec.timeout + LEAVE_MARGIN_S,
+                        fetch_local=False,
+                    )
             what = f"collective group {name!r} formed again for group {hosts.group.name!r}"
             with waiting_for(what):
                 formed.handles = ray_collective.create(formed.spec, formed.workers, up=_up)
