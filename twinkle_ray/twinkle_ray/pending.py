@@ -43,6 +43,7 @@ from twinkle_core.plugin import (
 
 from .deaths import DEATH_ERRORS, how_it_died
 from .late_failures import HAS_ON_READY, LATE_FAILURES
+from .node_reduce import NOT_REDUCED, reduce_per_node
 from .relay import NOT_REPORTED, RelayedRefs, RelayFailed, StillRunning, slot_of
 from .tracing import link_ids
 from .transfer import ResultMeta, Stored, is_envelope, meta_of, opened_ref
@@ -312,6 +313,15 @@ class RayPendingCall(PendingCall):
         # object fewer per call kept for the garbage collector to look at).
         self._lock_made = None
         return values
+
+    def collect(self, collector: Any, device_mesh: Any, timeout: float | None) -> Any:
+        """The collected value. A relayed call's large results that core's `sum` or `mean`
+        adds are summed node by node where they are (`node_reduce.py`), else on the driver."""
+        if type(self.value_refs) is RelayedRefs:
+            value = reduce_per_node(self, collector, device_mesh, timeout)
+            if value is not NOT_REDUCED:
+                return value
+        return collector.collect(self.wait(timeout), device_mesh)
 
     def wait_meta(self, timeout: float | None) -> list[ResultMeta]:
         """The results' metadata only (large results stay in the object store); fails like

@@ -185,6 +185,14 @@ class NodeRelay:
         driver at once, even while the group is idle (`Route.watch`)."""
         await asyncio.Event().wait()
 
+    async def run_local(self, fn: Any, refs: list[Any], *args: Any) -> Any:
+        """`fn(values, *args)` on a thread of this relay, `values` being what `refs` hold
+        (fetched onto this node): work on this node's data (summing its workers' results,
+        `node_reduce.py`) that must not hold up the calls it hands on. Top-level arguments
+        that are refs are fetched by Ray before the task runs."""
+        values = list(await asyncio.gather(*refs))
+        return await asyncio.get_running_loop().run_in_executor(None, fn, values, *args)
+
     async def _turn(self, seq: int) -> None:
         if seq != self._next:
             future = self._waiting[seq] = asyncio.get_running_loop().create_future()
