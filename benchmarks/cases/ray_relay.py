@@ -26,6 +26,14 @@ last node, the one a branch's first relay hands the call on to) raises at once w
 sleep, from the call until the caller catches it, against a hand-made fail-fast on the raw
 actors (`ray.wait` for one, `ray.get` it, as case 7); the issue bounds it at 50 ms.
 
+At 8 workers on 2 and on 4 nodes each run also times a reduction (`_sums`): one
+`collect='mean'` call of every worker's 1 MiB float32 array. Through relays, each node's relay
+adds its workers' arrays and hands the sum on to the next node's, in rank order, and the
+driver fetches the last sum alone (`twinkle_ray/node_reduce.py`); direct, the driver fetches
+and adds all of them; raw Ray does the same by hand (`ray.get` of every array, added in rank
+order, divided): the same bits on every side, checked once per run. Its row is the driver's
+CPU per call, relay against raw, with the wall times in the note.
+
 Per call: the driver's CPU time (`time.process_time()` of the driver process around a batch of
 calls waited for one by one, over the batch's size; it includes Ray's core-worker threads in
 the driver), the wall time, and the skew (latest minus earliest start of the call's W
@@ -133,6 +141,13 @@ class RawStamp:
 
         return ray.get_runtime_context().get_node_id()
 
+    def grad_of(self, rank: int) -> Any:
+        """Rank `rank`'s "gradient": `SUM_FLOATS` float32 numbers (1 MiB), the same on both
+        sides, left in the object store by the worker (over twinkle's 100 KiB)."""
+        import numpy as np
+
+        return np.random.default_rng(rank).standard_normal(SUM_FLOATS).astype(np.float32)
+
 
 @remote_class()
 class Stamp(RawStamp):
@@ -145,10 +160,19 @@ class Stamp(RawStamp):
 
         return RawStamp.fail_last(self, get_worker_context().rank, last, seconds)
 
+    @remote_function(dispatch="all", collect="mean")
+    def grad(self) -> Any:
+        from twinkle_core import get_worker_context
+
+        return RawStamp.grad_of(self, get_worker_context().rank)
+
 
 #: Fail-fast (the config below only): the last rank fails at once, the others sleep this long.
 FAIL_SLEEP = 0.5
 FAIL_CONFIG = (8, 4)
+#: Sums (`_sums`): each worker's result, in float32 numbers (1 MiB), and the configs timed.
+SUM_FLOATS = 256 * 1024
+SUM_CONFIGS = ((8, 2), (8, 4))
 
 
 def configs(quick: bool) -> list[tuple[int, int]]:
@@ -316,10 +340,62 @@ def run(ctx: Context) -> list[Row]:
                 samples=samples,
             )
         )
+    for got in result["configs"]:
+        if "sums" in got["A"]:
+            rows_sum = _sum_row(got)
+            failfast_rows.append(rows_sum)
     for row in failfast_rows:  # after the CPU rows, whose letters stay as they were
         row.id = f"{NUMBER}{next(letters)}"
         rows.append(row)
     return rows
+
+
+def _sum_row(got: dict[str, Any]) -> Row:
+    """The row of a config's sums (`_sums`): the driver's CPU per call, twinkle through relays
+    (summed node by node) against raw Ray summing on the driver; direct, per-node relays and
+    wall times in the note."""
+    w, k, a, b = got["W"], got["K"], got["A"], got["B"]
+    c = got.get("C")
+    wall = {"relay": a["sums"]["wall"]["relay"], "rawA": a["sums"]["wall"]["raw"]}
+    wall.update({"direct": b["sums"]["wall"]["direct"], "rawB": b["sums"]["wall"]["raw"]})
+    cpu = {"relay": a["sums"]["cpu"]["relay"], "rawA": a["sums"]["cpu"]["raw"]}
+    cpu.update({"direct": b["sums"]["cpu"]["direct"], "rawB": b["sums"]["cpu"]["raw"]})
+    if c is not None:
+        wall.update({"per_node": c["sums"]["wall"]["per-node"], "rawC": c["sums"]["wall"]["raw"]})
+        cpu.update({"per_node": c["sums"]["cpu"]["per-node"], "rawC": c["sums"]["cpu"]["raw"]})
+    mw = {key: median(values) for key, values in wall.items()}
+    mc = {key: median(values) for key, values in cpu.items()}
+    per_node = (
+        f"; per-node relays {fmt_time(mc['per_node'])} (raw of run C {fmt_time(mc['rawC'])})"
+        if "per_node" in mc
+        else ""
+    )
+    per_node_wall = (
+        f", per-node relays {fmt_time(mw['per_node'])} / raw {fmt_time(mw['rawC'])}"
+        if "per_node" in mw
+        else ""
+    )
+    mib = SUM_FLOATS * 4 / 2**20
+    return Row(
+        "",
+        f"Ray relays: collect='mean' of a {mib:g} MiB float32 array per worker, {w} workers on "
+        f"{k} nodes: twinkle through relays (summed node by node) vs raw Ray (every array "
+        "fetched, summed on the driver)",
+        mc["relay"],
+        mc["rawA"],
+        unit="driver CPU per call",
+        note=(
+            f"the same bits on both sides (checked); the driver receives one sum ({mib:g} MiB) "
+            f"through relays, {w} arrays ({w * mib:g} MiB) otherwise; raw from run A; direct "
+            f"(fetched and summed on the driver, as raw) {fmt_time(mc['direct'])} (raw of run "
+            f"B {fmt_time(mc['rawB'])}){per_node}; wall per call: relay {fmt_time(mw['relay'])}, "
+            f"direct {fmt_time(mw['direct'])}, raw {fmt_time(mw['rawA'])} / "
+            f"{fmt_time(mw['rawB'])}{per_node_wall}; all {NODES} simulated nodes share this "
+            "machine's cores and memory: a hop between them is a copy, not a network transfer"
+        ),
+        extra={"wall_s": wall, "driver_cpu_s": cpu},
+        samples=cpu,
+    )
 
 
 # ------------------------------------------------------------------------------- child
@@ -402,6 +478,42 @@ def _failfast(group: Any, actors: list[Any], label: str, rounds: int) -> dict[st
     samples = interleave({label: twinkle, "raw": raw}, rounds, warmup=1)
     settle()
     return samples
+
+
+def _sums(group: Any, actors: list[Any], label: str, rounds: int) -> dict[str, Any]:
+    """One `collect='mean'` call of every worker's 1 MiB float32 array, twinkle's `label`
+    shape against raw Ray fetching every array and adding them on the driver in rank order
+    (what core's collector does, so both give the same bits, checked once): wall and driver
+    CPU per call, by round."""
+    import numpy as np
+    import ray
+
+    def raw() -> Any:
+        arrays = ray.get([a.grad_of.remote(r) for r, a in enumerate(actors)], timeout=120)
+        total = arrays[0]
+        for array in arrays[1:]:
+            total = total + array
+        return total / len(arrays)
+
+    mine, theirs = group.grad()(120), raw()
+    if mine.dtype != theirs.dtype or not np.array_equal(mine, theirs):
+        raise AssertionError(f"{label}: the mean differs from the one summed on the driver")
+    cpu: dict[str, list[float]] = {label: [], "raw": []}
+
+    def timed(name: str, call: Any) -> Any:
+        def go() -> None:
+            start = time.process_time()
+            call()
+            cpu[name].append(time.process_time() - start)
+
+        return go
+
+    walls = interleave(
+        {label: timed(label, lambda: group.grad()(120)), "raw": timed("raw", raw)},
+        rounds,
+        warmup=1,
+    )
+    return {"wall": walls, "cpu": {name: values[1:] for name, values in cpu.items()}}
 
 
 def _config(me: Any, address: str, w: int, k: int, spec: dict[str, Any]) -> dict[str, Any]:
@@ -514,6 +626,8 @@ def _config(me: Any, address: str, w: int, k: int, spec: dict[str, Any]) -> dict
                 )
                 if (w, k) == FAIL_CONFIG:
                     measured["failfast"] = _failfast(group, actors, label, spec["rounds"])
+                if (w, k) in SUM_CONFIGS:
+                    measured["sums"] = _sums(group, actors, label, spec["rounds"])
                 for relay in raw_relays if run_id == "A" else ():
                     ray.kill(relay)
             finally:

@@ -1,5 +1,5 @@
 """Summing a relayed call's large results node by node (`twinkle_ray/node_reduce.py`), on the
-session's two-node cluster: a group of four workers, two per node, whose `collect='sum'` and
+session's two-node cluster: a group of six workers, three per node, whose `collect='sum'` and
 `'mean'` results are taken where they are, node after node in rank order, and equal the
 driver's sum and in-process mode's bit for bit."""
 
@@ -26,7 +26,7 @@ from twinkle_core import (
 )
 from twinkle_core.plugin import MeanCollector, SumCollector
 from twinkle_ray import node_reduce
-from twinkle_ray.node_reduce import node_runs
+from twinkle_ray.node_reduce import chain_saves, node_runs
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -34,9 +34,14 @@ ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 N = 64 * 1024
 
 
+#: Workers of the group: three on each node (two would not be summed on the relays: the
+#: chain would move as many results between nodes as the driver fetching them).
+W = 6
+
+
 def _values(rank: int) -> np.ndarray:
     """Rank `rank`'s float32 array: magnitudes far apart between ranks, so that adding the
-    four in another order than rank order gives other bits."""
+    six in another order than rank order gives other bits."""
     rng = np.random.default_rng(rank)
     return (rng.standard_normal(N) * 10.0 ** (3 * (rank % 2))).astype(np.float32)
 
@@ -63,10 +68,10 @@ class Grads:
 
 def _expected() -> tuple[dict, np.ndarray]:
     """What in-process mode gives: core's collectors over the four results, in rank order."""
-    results = [{"w": _values(r), "t": torch.from_numpy(_values(r + 10)), "n": r} for r in range(4)]
+    results = [{"w": _values(r), "t": torch.from_numpy(_values(r + 10)), "n": r} for r in range(W)]
     return (
         SumCollector().collect(results, None),
-        MeanCollector().collect([_values(r) for r in range(4)], None),
+        MeanCollector().collect([_values(r) for r in range(W)], None),
     )
 
 
@@ -74,11 +79,10 @@ def _start(cluster, name: str, **options) -> None:
     initialize(
         "ray",
         address=cluster.address,
-        nproc_per_node=2,
-        groups=[DeviceGroup("spread", [0, 1, 2, 3], "cpu")],
+        groups=[DeviceGroup("spread", W, "cpu")],
         name=name,
         placement_timeout=60,
-        cpus_per_worker={"spread": 2.5},
+        cpus_per_worker={"spread": 2.0},  # three on each 6-CPU node
         **options,
     )
 
@@ -87,8 +91,8 @@ def _start(cluster, name: str, **options) -> None:
 def test_sums_are_taken_node_by_node_with_the_driver_paths_bits(cluster, no_runtime):
     summed, averaged = _expected()
     # The data tell the orders apart: per-node sums added together give other bits.
-    pairs = (_values(0) + _values(1)) + (_values(2) + _values(3))
-    assert not np.array_equal(pairs, summed["w"])
+    nodes = (_values(0) + _values(1) + _values(2)) + (_values(3) + _values(4) + _values(5))
+    assert not np.array_equal(nodes, summed["w"])
     got: dict[str, tuple] = {}
     for shape, options in (("relayed", {"relay_min_nodes": 2}), ("direct", {"relay_min_nodes": 0})):
         _start(cluster, f"node-reduce-{shape}", **options)
@@ -106,7 +110,7 @@ def test_sums_are_taken_node_by_node_with_the_driver_paths_bits(cluster, no_runt
         finally:
             shutdown()
     for shape, (total, mean) in got.items():
-        assert total["n"] == 6, shape
+        assert total["n"] == sum(range(W)), shape
         # Read after the run ended: the driver's own (writable) copies, not store views.
         assert total["w"].flags.writeable and mean.flags.writeable, shape
         assert total["w"].dtype == np.float32 and np.array_equal(total["w"], summed["w"]), shape
@@ -122,3 +126,20 @@ def test_node_runs_cover_the_results_in_order_one_node_per_run(nodes):
     assert starts == [0, *(stop for _, _, stop in runs[:-1])][: len(runs)]
     assert all(stop > start for _, start, stop in runs)
     assert all(a[0] != b[0] for a, b in itertools.pairwise(runs))
+
+
+@given(st.lists(st.sampled_from("ABC"), max_size=24), st.sampled_from("ABCD"))
+def test_the_chain_is_used_only_where_it_moves_fewer_results(nodes, here):
+    """Against a count made here: results the driver fetches from other nodes, and the
+    chain's hops (one per change of node, and the last node's sum to the driver)."""
+    fetched = sum(node != here for node in nodes)
+    hops = sum(a != b for a, b in itertools.pairwise(nodes)) + (bool(nodes) and nodes[-1] != here)
+    assert chain_saves(nodes, here) == (hops < fetched)
+
+
+def test_the_chain_pays_off_from_three_results_on_a_node():
+    assert not chain_saves(["A", "A", "B", "B"], "A")  # 2 fetched, 2 hops
+    assert chain_saves(["A", "A", "A", "B", "B", "B"], "A")  # 3 fetched, 2 hops
+    assert chain_saves(["B", "B", "B", "A", "A", "A"], "A")  # 3 fetched, 1 hop
+    assert not chain_saves(["A", "B", "C", "D"], "A")  # one per node: only hops
+    assert chain_saves(["B", "B", "C", "C"], "A")  # 4 fetched, 2 hops

@@ -17,9 +17,10 @@ the chain adds them in that very order, each node carrying on from the sum it wa
 
 Used only where it saves something and can change nothing: core's own `sum` and `mean`
 collectors (not subclasses, not custom collectors), every result they read left in the object
-store, and some node holding two or more of them in a row. Anything else, and a chain that
-fails on the way (a relay gone, results that do not add), is collected on the driver as
-before, which raises what the driver path raises.
+store, and a chain that moves fewer results between nodes than the driver fetching every one
+would (three or more results on a node, or two on several nodes: `chain_saves`). Anything
+else, and a chain that fails on the way (a relay gone, results that do not add), is collected
+on the driver as before, which raises what the driver path raises.
 """
 
 from __future__ import annotations
@@ -52,10 +53,10 @@ def reduced_calls() -> int:
     return _counts["reduced"]
 
 
-def node_runs(nodes: list[int]) -> list[tuple[int, int, int]]:
+def node_runs(nodes: list[Any]) -> list[tuple[Any, int, int]]:
     """`(node, start, stop)` for each run of equal entries of `nodes` (the node of each result
     the collector reads, in the order it adds them): the results a node adds in one step."""
-    runs: list[tuple[int, int, int]] = []
+    runs: list[tuple[Any, int, int]] = []
     start = 0
     for node, same in itertools.groupby(nodes):
         stop = start + sum(1 for _ in same)
@@ -64,12 +65,11 @@ def node_runs(nodes: list[int]) -> list[tuple[int, int, int]]:
     return runs
 
 
-def sum_step(values: list[Any], partial: Any, first: bool) -> Any:
-    """On a relay: the sum so far (`partial`, unless this is the `first` step) plus `values`
-    (results fetched from this node's object store), added in order as core's `sum`
-    collector adds them."""
+def sum_step(values: list[Any]) -> Any:
+    """On a relay: `values` (the sum so far, unless this is the first step, then results
+    fetched from this node's object store) added in order, as core's `sum` collector adds."""
     register_tensor_serializer()  # a tensor sum goes back as a numpy buffer, not a pickle
-    return SumCollector().collect(values if first else [partial, *values], None)
+    return SumCollector().collect(values, None)
 
 
 def reduce_per_node(
@@ -87,15 +87,20 @@ def reduce_per_node(
     used = collector.used_results(device_mesh, len(replies))
     if len(used) < 2 or any(type(replies[i]) is not Stored for i in used):
         return NOT_REDUCED
+    nodes = [call.workers.node_of(call.ranks[i]) for i in used]
+    if not chain_saves(nodes, _driver_node()):
+        return NOT_REDUCED
     route = refs.route
-    runs = node_runs([route.where[call.ranks[i]][0] for i in used])
-    if all(stop - start < 2 for _, start, stop in runs):
-        return NOT_REDUCED  # one result per node: nothing to add before the driver
     partial: Any = None
     try:
-        for node, start, stop in runs:
+        for _, start, stop in node_runs(nodes):
+            relay = route.relays[route.where[call.ranks[used[start]]][0]]
+            # The sum so far goes inside the list, fetched by the relay itself: as a task's
+            # own argument, the driver would wait for it before sending the task on.
             step = [replies[i].ref for i in used[start:stop]]
-            partial = route.relays[node].run_local.remote(sum_step, step, partial, start == 0)
+            if partial is not None:
+                step.insert(0, partial)
+            partial = relay.run_local.remote(sum_step, step)
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
         total = ray.get(partial, timeout=left)
     except rex.GetTimeoutError:
@@ -111,6 +116,29 @@ def reduce_per_node(
         count = len(used)
         return combine([total], lambda values: values[0] / count)
     return combine([total], _owned)
+
+
+def chain_saves(nodes: list[Any], here: Any) -> bool:
+    """Whether a chain over results on `nodes` (each result's node, in the order they are
+    added) moves fewer of them between nodes than the driver, on node `here`, fetching every
+    one would: one per node after the first, and the last node's sum to the driver unless
+    they share a node; against one per result on another node than the driver's. With one
+    or two results per node the chain would only add hops."""
+    if not nodes:
+        return False
+    fetched = sum(1 for node in nodes if node != here)
+    chained = len(node_runs(nodes)) - 1 + (nodes[-1] != here)
+    return chained < fetched
+
+
+def _driver_node() -> str | None:
+    """This process's node id (asked once per process)."""
+    if not _here:
+        _here.append(ray.get_runtime_context().get_node_id())
+    return _here[0]
+
+
+_here: list[str] = []
 
 
 def _owned(values: list[Any]) -> Any:
