@@ -170,8 +170,8 @@ class Stamp(RawStamp):
 #: Fail-fast (the config below only): the last rank fails at once, the others sleep this long.
 FAIL_SLEEP = 0.5
 FAIL_CONFIG = (8, 4)
-#: Sums (`_sums`): each worker's result, in float32 numbers (1 MiB), and the configs timed.
-SUM_FLOATS = 256 * 1024
+#: Sums (`_sums`): each worker's result, in float32 numbers (8 MiB), and the configs timed.
+SUM_FLOATS = 2 * 1024 * 1024
 SUM_CONFIGS = ((8, 2), (8, 4))
 
 
