@@ -29,6 +29,8 @@ from twinkle_core import (
     remote_function,
     shutdown,
 )
+from twinkle_ray import transports
+from twinkle_ray.relay import submit_on
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -305,6 +307,12 @@ def test_a_relay_dying_alone_loses_its_calls_but_not_the_workers(
         assert recorder.note("before")() == [r * 1000 + 1 for r in range(4)]
         pid = ray.get(old.relays[which].__ray_call__.remote(lambda _: os.getpid()))
         assert pid not in [p for _, p, _ in where]
+        handles = recorder.__dict__["_twinkle_binding"].workers.handles
+        rank = 0 if which == 0 else 2  # on the killed relay's node
+        given = transports.given_ref(handles[rank], "not-held")  # sent through the relay
+        with pytest.raises(ray.exceptions.RayTaskError, match="no longer held"):
+            ray.get(given, timeout=30)
+        assert "not-held" in transports._GIVEN
         running = recorder.nap(3) if busy else None  # in flight when the relay dies
         time.sleep(0.5)
         if how == "SIGKILL":
@@ -335,6 +343,12 @@ def test_a_relay_dying_alone_loses_its_calls_but_not_the_workers(
         for relay in old.relays:
             with pytest.raises(ray.exceptions.RayActorError):
                 ray.get(relay._tw_ready.remote(), timeout=30)
+        # A task sent through the dead relay (as held-result sends and collective joins are,
+        # in the moment before the driver notices) fails as a lost call, not as the relay's
+        # own death; the refs the old relays owned were forgotten, to be asked for again.
+        with pytest.raises(CallLostError, match=f"rank {rank} .*the worker is alive"):
+            submit_on(old, rank, handles[rank], "_tw_ping", (), {})
+        assert "not-held" not in transports._GIVEN
     finally:
         shutdown()
 

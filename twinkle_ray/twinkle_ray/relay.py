@@ -59,6 +59,8 @@ from typing import Any
 import ray
 import ray.exceptions
 
+from twinkle_core import CallLostError
+
 from .deaths import actor_state
 
 #: How long the driver waits for a relay to hand a single task on (`Route.submit`).
@@ -598,12 +600,31 @@ def clear() -> None:
 
 def remote_on(handle: Any, method: str, *args: Any, **kwargs: Any) -> Any:
     """`handle.<method>.remote(*args, **kwargs)`, through the actor's relay when it has one
-    (so the task keeps its place among the actor's calls); the task's ref either way."""
+    (so the task keeps its place among the actor's calls); the task's ref either way.
+
+    Raises `CallLostError` when the relay died on its own before it handed the task on (in
+    the moment before the driver notices and replaces it): the worker lives, and whether it
+    got the task is unknown, as for a call lost with its relay."""
     routed = _ROUTED.get(handle._actor_id) if _ROUTED else None
     if routed is None:
         return getattr(handle, method).remote(*args, **kwargs)
     route, rank = routed
-    return route.submit(rank, method, args, kwargs)
+    return submit_on(route, rank, handle, method, args, kwargs)
+
+
+def submit_on(route: Route, rank: int, handle: Any, method: str, args: tuple, kwargs: dict) -> Any:
+    """`remote_on` through `route` to worker `rank` (`handle`)."""
+    try:
+        return route.submit(rank, method, args, kwargs)
+    except ray.exceptions.RayActorError as exc:
+        if not route.relay_died_alone(rank, handle):
+            raise
+        raise CallLostError(
+            f"{method} for worker rank {rank} was lost with the relay of its node, which died "
+            f"on its own ({type(exc).__name__}); the worker is alive, and whether it got the "
+            "task is unknown. twinkle starts new relays: try again if the task is safe to "
+            "repeat (docs/ray.md, Relays)"
+        ) from exc
 
 
 def post_on(handle: Any, method: str, *args: Any) -> None:

@@ -28,6 +28,7 @@ import ray
 from .deaths import DEATH_ERRORS
 from .hosts import Hosts
 from .relay import register, unregister
+from .transports import forget_given
 
 log = logging.getLogger("twinkle")
 
@@ -111,6 +112,7 @@ class Rerouter:
             for member in hosts.members:
                 member.workers.route = None
         old.kill()
+        forget_given(first.handles)  # refs the old relays owned: lost with them
         log.warning(
             "twinkle: a relay of group %r died on its own (its workers live): the calls it "
             "was handing on fail with CallLostError; starting new relays",

@@ -766,8 +766,9 @@ def same_actor(a: Any, b: Any) -> bool:
     return a is b or a._actor_id == b._actor_id
 
 
-#: held key -> the ref of the result put in the object store by its holder (`given_ref`).
-_GIVEN: dict[str, Any] = {}
+#: held key -> (its holder's actor id, the ref of the result put in the object store by its
+#: holder: `given_ref`).
+_GIVEN: dict[str, tuple[Any, Any]] = {}
 
 
 def given_ref(holder: Any, key: str) -> Any:
@@ -775,10 +776,25 @@ def given_ref(holder: Any, key: str) -> Any:
     object store by its holder on its own thread, in its call order; one per result, however
     many consumers take it."""
     with _rdt_lock:
-        ref = _GIVEN.get(key)
-        if ref is None:
-            ref = _GIVEN[key] = remote_on(holder, "_tw_apply", give_tensors, key)
-        return ref
+        given = _GIVEN.get(key)
+        if given is None:
+            given = _GIVEN[key] = (
+                holder._actor_id,
+                remote_on(holder, "_tw_apply", give_tensors, key),
+            )
+        return given[1]
+
+
+def forget_given(handles: Iterable[Any]) -> int:
+    """Forget the refs `given_ref` keeps for results held by the actors `handles`: sent through
+    a relay, they belong to it, and are lost with it when it dies (`rerouting.py`); the
+    holders still hold the results and give them again when asked. How many were forgotten."""
+    ids = {handle._actor_id for handle in handles}
+    with _rdt_lock:
+        stale = [key for key, (holder, _) in _GIVEN.items() if holder in ids]
+        for key in stale:
+            del _GIVEN[key]
+    return len(stale)
 
 
 def held_replies(refs: list[Any], replies: Iterable[Any]) -> dict[Any, Held]:
