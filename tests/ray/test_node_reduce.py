@@ -6,7 +6,10 @@ driver's sum and in-process mode's bit for bit."""
 from __future__ import annotations
 
 import itertools
+import os
+import signal
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -19,6 +22,7 @@ from twinkle_core import (
     CollectError,
     DeviceGroup,
     get_worker_context,
+    group_state,
     initialize,
     remote_class,
     remote_function,
@@ -116,6 +120,38 @@ def test_sums_are_taken_node_by_node_with_the_driver_paths_bits(cluster, no_runt
         assert total["w"].dtype == np.float32 and np.array_equal(total["w"], summed["w"]), shape
         assert isinstance(total["t"], torch.Tensor) and torch.equal(total["t"], summed["t"])
         assert mean.dtype == averaged.dtype and np.array_equal(mean, averaged), shape
+
+
+@pytest.mark.slow
+def test_a_relay_dying_before_the_sum_leaves_it_to_the_driver(cluster, no_runtime):
+    """The call finished, its replies fetched; then the second node's relay is SIGKILLed.
+    Collecting it, the chain fails on the dead relay and the driver sums the results itself,
+    which the workers still hold: the same bits, no error, no restart, and not counted as
+    summed on the relays."""
+    summed, _ = _expected()
+    _start(cluster, "node-reduce-killed", relay_min_nodes=2)
+    try:
+        grads = Grads(remote_group="spread")
+        route = grads.__dict__["_twinkle_binding"].workers.route
+        assert route is not None and len(route.relays) == 2
+        lazy = grads.summed()
+        lazy.source.pending.wait_replies(120)  # finished, the replies on the driver
+        pid = ray.get(route.relays[1].__ray_call__.remote(lambda _: os.getpid()), timeout=30)
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # dead, as Ray's control store lists it
+            try:
+                ray.get(route.relays[1]._tw_ready.remote(), timeout=5)
+            except ray.exceptions.RayActorError:
+                break
+            time.sleep(0.1)
+        before = node_reduce.reduced_calls()
+        total = lazy(120)
+        assert node_reduce.reduced_calls() == before
+        assert np.array_equal(total["w"], summed["w"]) and torch.equal(total["t"], summed["t"])
+        assert group_state("spread").restarts == 0
+    finally:
+        shutdown()
 
 
 @given(st.lists(st.integers(0, 3), max_size=40))

@@ -318,9 +318,12 @@ class RayPendingCall(PendingCall):
         """The collected value. A relayed call's large results that core's `sum` or `mean`
         adds are summed node by node where they are (`node_reduce.py`), else on the driver."""
         if type(self.value_refs) is RelayedRefs:
+            start = time.monotonic()
             value = reduce_per_node(self, collector, device_mesh, timeout)
             if value is not NOT_REDUCED:
                 return value
+            if timeout is not None:  # what a chain that failed on the way took is spent
+                timeout = max(0.0, timeout - (time.monotonic() - start))
         return collector.collect(self.wait(timeout), device_mesh)
 
     def wait_meta(self, timeout: float | None) -> list[ResultMeta]:
