@@ -14,6 +14,10 @@ config dict per round (`dispatch='all'`: every worker gets the dict).
    running between submissions adds.
 2. Python's garbage collections (`gc.callbacks`) while 1000 calls are issued then resolved,
    twinkle against raw Ray, counted per generation, with their time.
+3. Collecting 1000 calls that all finished (driver thread CPU per call): twinkle's
+   LazyCollects one by one in a loop (the finished ones behind each are fetched together:
+   `twinkle_ray/read_ahead.py`), and with one `twinkle_core.get`; raw Ray's `ray.get` of each
+   ref in a loop, and of the list.
 
     cd benchmarks && python ab_issue_path.py [--workers 4]
 """
@@ -115,6 +119,44 @@ def _collections(one: Any, actors: list[Any]) -> dict[str, list[float]]:
     return counts
 
 
+def _collect_finished(one: Any, actors: list[Any]) -> dict[str, float]:
+    """Part 3: median driver-thread CPU per call, microseconds, of collecting 1000 calls
+    that all finished (waited for with a `ray.wait` that fetches nothing, untimed)."""
+    from twinkle_core import get
+
+    def finished(refs: list[Any]) -> None:
+        ray.wait(refs, num_returns=len(refs), timeout=300, fetch_local=False)
+
+    def twinkle_calls() -> list[Any]:
+        lazies = [one.take(CONFIG) for _ in range(CALLS)]
+        finished([r for lazy in lazies for r in lazy.source.pending.value_refs])
+        return lazies
+
+    def raw_refs() -> list[Any]:
+        refs = [a.take.remote(CONFIG) for _ in range(CALLS) for a in actors]
+        finished(refs)
+        return refs
+
+    variants = {
+        "twinkle, one by one": (twinkle_calls, lambda lazies: [lazy(300) for lazy in lazies]),
+        "twinkle, get": (twinkle_calls, lambda lazies: get(lazies, timeout=300)),
+        "raw, one by one": (raw_refs, lambda refs: [ray.get(r, timeout=300) for r in refs]),
+        "raw, list": (raw_refs, lambda refs: ray.get(refs, timeout=300)),
+    }
+    samples: dict[str, list[float]] = {k: [] for k in variants}
+    for r in range(ROUNDS + WARMUP):
+        for name in variants if r % 2 else reversed(variants):
+            make, collect = variants[name]
+            made = make()
+            start = time.thread_time()
+            collect(made)
+            took = time.thread_time() - start
+            del made
+            if r >= WARMUP:
+                samples[name].append(took / CALLS * 1e6)
+    return {k: statistics.median(v) for k, v in samples.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", type=int, default=1, help="workers of the group (1)")
@@ -127,6 +169,11 @@ def main() -> None:
             "driver thread CPU per issued call: "
             + ", ".join(f"{k} {v:.1f} us" for k, v in cpu.items())
             + f"; both - (ray + own) = {cpu['both'] - cpu['ray'] - cpu['own']:.1f} us"
+        )
+        collect = _collect_finished(one, actors)
+        print(
+            f"collecting {CALLS} finished calls, driver thread CPU per call: "
+            + ", ".join(f"{k} {v:.1f} us" for k, v in collect.items())
         )
         calls = ROUNDS * CALLS
         for name, (g0, g1, g2, seconds) in _collections(one, actors).items():

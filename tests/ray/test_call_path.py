@@ -77,6 +77,14 @@ class Probe:
         raise KeyError(f"rank {rank} fails later")
 
     @remote_function(dispatch="all", collect="none")
+    def echo(self, i, bad=-1, nap=0.0):
+        """`i` back after `nap` seconds; raises for `i == bad`."""
+        time.sleep(nap)
+        if i == bad:
+            raise ValueError(f"call {i} is bad")
+        return i
+
+    @remote_function(dispatch="all", collect="none")
     def large(self, n):
         return np.full(n, float(get_worker_context().rank))
 
@@ -442,3 +450,63 @@ def test_a_collected_call_keeps_no_lock(run):
     assert pending._lock_made is None
     assert pending.wait(0) == [[0, "small"]] and pending._lock_made is None
     assert pending.succeeded()
+
+
+# ------------------------------------------------------------------------ collecting in order
+def _all_finished(lazies) -> None:
+    """Wait until every call's workers finished, without twinkle looking at them."""
+    refs = [ref for lazy in lazies for ref in lazy.source.pending.value_refs]
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=60, fetch_local=False)
+    assert len(ready) == len(refs)
+
+
+def test_finished_calls_collected_one_by_one_are_fetched_together(run, monkeypatch):
+    """Calls issued in a batch and collected one by one in order (`[lazy() for lazy in
+    lazies]`) are fetched in a few `ray.get`s of many calls each, as raw Ray code gets a list
+    (`read_ahead.py`): after a call fetched its own replies, the finished calls behind it are
+    fetched together by the next. Every reply is fetched once, and each call gets its own."""
+    from twinkle_core.runtime import Runtime
+
+    monkeypatch.setattr(Runtime, "LOOK_AFTER_S", 3600.0)  # the runtime's own looks: not here
+    four = run["four"]
+    lazies = [four.echo(i) for i in range(200)]
+    _all_finished(lazies)
+    got = _counted(monkeypatch, "get")
+    assert [lazy(60) for lazy in lazies] == [[i] * 4 for i in range(200)]
+    assert sum(got) == 200 * 4  # every worker's reply fetched once
+    # One call alone, then the 64 looked at together, and so on: 200 gets without the look.
+    assert len(got) <= 10, got
+
+
+def test_a_failure_among_calls_fetched_together_stays_with_its_call(run, monkeypatch):
+    """A failed call among finished ones makes their joint fetch fail: each call then fetches
+    its own, so the failure is raised by its own call only, and every other call gets its own
+    value (not a neighbour's, not the failure)."""
+    from twinkle_core.runtime import Runtime
+
+    monkeypatch.setattr(Runtime, "LOOK_AFTER_S", 3600.0)
+    one = run["one"]
+    lazies = [one.echo(i, bad=70) for i in range(150)]
+    _all_finished(lazies)
+    for i, lazy in enumerate(lazies):
+        if i == 70:
+            with pytest.raises(ValueError, match="call 70 is bad"):
+                lazy(60)
+        else:
+            assert lazy(60) == [i], i
+
+
+def test_collecting_calls_as_the_worker_finishes_them_looks_ahead_rarely(run, monkeypatch):
+    """When each collect waits for its call (the worker is behind), a look at the next calls
+    finds nothing worth fetching together: looks then get rarer (each skips twice the calls of
+    the last, up to `read_ahead.MAX_SKIP`), so 120 calls cost a few `ray.wait`s, not 120."""
+    from twinkle_core.runtime import Runtime
+
+    monkeypatch.setattr(Runtime, "LOOK_AFTER_S", 3600.0)
+    one = run["one"]
+    one.noop()(60)
+    asked = _counted(monkeypatch, "wait")
+    lazies = [one.echo(i, nap=0.01) for i in range(120)]
+    assert [lazy(60) for lazy in lazies] == [[i] for i in range(120)]
+    # Looks after calls 1, 3, 6, 11, 20, 37, 70 and 135 at most, whatever the timing.
+    assert len(asked) <= 12, asked

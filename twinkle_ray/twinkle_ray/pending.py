@@ -44,6 +44,7 @@ from twinkle_core.plugin import (
 from .deaths import DEATH_ERRORS, how_it_died
 from .late_failures import HAS_ON_READY, LATE_FAILURES
 from .node_reduce import NOT_REDUCED, reduce_per_node
+from .read_ahead import ReadAhead
 from .relay import NOT_REPORTED, RelayedRefs, RelayFailed, StillRunning, slot_of
 from .tracing import link_ids
 from .transfer import ResultMeta, Stored, is_envelope, meta_of, opened_ref
@@ -82,6 +83,8 @@ class CallGroup(Protocol):
     #: Weak references to the group's calls found finished and not fetched yet
     #: (`RayPendingCall.ask_many` appends, `fetch_finished` takes).
     finished: collections.deque
+    #: The group's calls in issue order, looked at after a call fetched its own replies.
+    ahead: ReadAhead
     #: The generation the actors are on (each restart makes new ones), and the actors by rank.
     restarts: int
     handles: list[Any]
@@ -367,7 +370,10 @@ class RayPendingCall(PendingCall):
             self._raise_failures()
         except Exception:
             self._raise_failures()
-        return self._keep(replies)
+        kept = self._keep(replies)
+        # The next calls in flight may have finished too: fetched together next (read_ahead.py).
+        self.workers.ahead.after_fetch(_settled, RayPendingCall.ask_many)
+        return kept
 
     def _keep(self, replies: list[Any]) -> list[Any]:
         """Keep `replies` as this call's, unless another thread (`fetch_finished`,

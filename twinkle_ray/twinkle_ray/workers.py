@@ -49,6 +49,7 @@ from .deaths import DEATH_ERRORS, how_it_died
 from .payload_check import all_plain_data, checked_arguments
 from .pending import RayPendingCall, keep_until_done
 from .placeholders import PLACEHOLDER_DISPATCHERS, build_placeholder
+from .read_ahead import ReadAhead
 from .relay import unregister
 from .shipping import ship_all
 from .transfer import placeholder_refs, register_tensor_serializer
@@ -125,6 +126,8 @@ class RayWorkerGroup(WorkerGroup):
         #: Calls of this group whose workers all finished, not yet fetched (weak references,
         #: appended by `RayPendingCall.ask_many`): fetched together by `pending.fetch_finished`.
         self.finished: collections.deque = collections.deque()
+        #: Driver-side only: this group's calls in issue order (`read_ahead.py`).
+        self.ahead = ReadAhead()
         self.handles = handles
         #: This generation's `TWINKLE_WORKER_GROUP` (names its transport groups).
         self.tag = ""
@@ -145,6 +148,7 @@ class RayWorkerGroup(WorkerGroup):
         state = dict(self.__dict__)
         state.pop("_send_lock", None)
         state.pop("finished", None)
+        state.pop("ahead", None)
         state["_methods"] = {}
         state["restarter"] = None
         state["rerouter"] = None
@@ -157,6 +161,7 @@ class RayWorkerGroup(WorkerGroup):
         self.__dict__.update(state)
         self._send_lock = threading.Lock()
         self.finished = collections.deque()
+        self.ahead = ReadAhead()
 
     def actor_method(self, rank: int, method: str) -> Any:
         """The Ray actor method that runs `method` on worker `rank` (cached per handle)."""
@@ -306,7 +311,9 @@ class RayWorkerGroup(WorkerGroup):
         if producers:
             keep_until_done(refs, producers)
         # The ranks as a tuple of ints, which the garbage collector stops tracking.
-        return RayPendingCall(self, method, tuple([c.rank for c in calls]), refs, self.restarts)
+        pending = RayPendingCall(self, method, tuple([c.rank for c in calls]), refs, self.restarts)
+        self.ahead.issued(pending)
+        return pending
 
     def _wait_for_restart(self) -> None:
         """A call made while the group restarts waits for the new generation (at most the
