@@ -18,9 +18,6 @@ config dict per round (`dispatch='all'`: every worker gets the dict).
    LazyCollects one by one in a loop (the finished ones behind each are fetched together:
    `twinkle_ray/read_ahead.py`), and with one `twinkle_core.get`; raw Ray's `ray.get` of each
    ref in a loop, and of the list.
-4. Ray's submission alone (driver thread CPU per task, the tasks fetched untimed after each
-   round): `.remote()` of twinkle's actor method against the submitter twinkle uses for it
-   (`twinkle_ray/task_submit.py`: `_actor_method_call` with the method's options bound once).
 
     cd benchmarks && python ab_issue_path.py [--workers 4]
 """
@@ -160,30 +157,6 @@ def _collect_finished(one: Any, actors: list[Any]) -> dict[str, float]:
     return {k: statistics.median(v) for k, v in samples.items()}
 
 
-def _submission(one: Any, workers: int) -> dict[str, float]:
-    """Part 4: median driver-thread CPU per task, microseconds, of `.remote()` and of
-    twinkle's submitter, for the same method, argument and workers."""
-    group = one.__dict__["_twinkle_binding"].workers  # a diagnostic reaches in
-    methods = [group.actor_method(rank, "take") for rank in range(workers)]
-    submitters = [group.submitter(rank, "take") for rank in range(workers)]
-    args, kwargs = (CONFIG,), {}
-    variants = {
-        ".remote()": lambda: [m.remote(CONFIG) for _ in range(CALLS) for m in methods],
-        "twinkle's submitter": lambda: [s(args, kwargs) for _ in range(CALLS) for s in submitters],
-    }
-    samples: dict[str, list[float]] = {k: [] for k in variants}
-    for r in range(ROUNDS + WARMUP):
-        for name in variants if r % 2 else reversed(variants):
-            start = time.thread_time()
-            refs = variants[name]()
-            took = time.thread_time() - start
-            ray.get(refs, timeout=300)
-            del refs
-            if r >= WARMUP:
-                samples[name].append(took / len(methods) / CALLS * 1e6)
-    return {k: statistics.median(v) for k, v in samples.items()}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", type=int, default=1, help="workers of the group (1)")
@@ -201,11 +174,6 @@ def main() -> None:
         print(
             f"collecting {CALLS} finished calls, driver thread CPU per call: "
             + ", ".join(f"{k} {v:.1f} us" for k, v in collect.items())
-        )
-        submission = _submission(one, workers)
-        print(
-            "Ray's submission alone, driver thread CPU per task: "
-            + ", ".join(f"{k} {v:.1f} us" for k, v in submission.items())
         )
         calls = ROUNDS * CALLS
         for name, (g0, g1, g2, seconds) in _collections(one, actors).items():

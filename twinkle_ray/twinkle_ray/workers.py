@@ -52,7 +52,6 @@ from .placeholders import PLACEHOLDER_DISPATCHERS, build_placeholder
 from .read_ahead import ReadAhead
 from .relay import unregister
 from .shipping import ship_all
-from .task_submit import Submit, task_submitter
 from .transfer import placeholder_refs, register_tensor_serializer
 from .transports import before_submit, held_replies
 
@@ -144,7 +143,6 @@ class RayWorkerGroup(WorkerGroup):
     def handles(self, handles: list[Any]) -> None:
         self._handles = handles
         self._methods = {}  # bound to the previous actors
-        self._submitters: dict[tuple[int, str], Submit] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -152,7 +150,6 @@ class RayWorkerGroup(WorkerGroup):
         state.pop("finished", None)
         state.pop("ahead", None)
         state["_methods"] = {}
-        state["_submitters"] = {}
         state["restarter"] = None
         state["rerouter"] = None
         state["health"] = None
@@ -165,15 +162,6 @@ class RayWorkerGroup(WorkerGroup):
         self._send_lock = threading.Lock()
         self.finished = collections.deque()
         self.ahead = ReadAhead()
-
-    def submitter(self, rank: int, method: str) -> Submit:
-        """`submit(args, kwargs)` running `method` on worker `rank`, for arguments holding no
-        object ref (`task_submit.py`; cached per handle)."""
-        key = (rank, method)
-        submit = self._submitters.get(key)
-        if submit is None:
-            submit = self._submitters[key] = task_submitter(self.actor_method(rank, method))
-        return submit
 
     def actor_method(self, rank: int, method: str) -> Any:
         """The Ray actor method that runs `method` on worker `rank` (cached per handle)."""
@@ -367,11 +355,6 @@ class RayWorkerGroup(WorkerGroup):
                     shipped = [((self.slot, method, has_remote, *a), k) for a, k in shipped]
                 return route.send(name, [c.rank for c in calls], shipped)
             if not has_remote and method in self.direct:
-                if not has_arguments or not _holds_refs(shipped):
-                    return [
-                        self.submitter(call.rank, method)(args, kwargs)
-                        for call, (args, kwargs) in zip(calls, shipped, strict=True)
-                    ]
                 return [
                     self.actor_method(call.rank, method).remote(*args, **kwargs)
                     for call, (args, kwargs) in zip(calls, shipped, strict=True)
@@ -451,18 +434,3 @@ class RayWorkerGroup(WorkerGroup):
             local.held = mine
             local.producers = (*local.producers, pending)
         return placeholder
-
-
-def _holds_refs(shipped: list[tuple[tuple, dict]]) -> bool:
-    """Whether an argument of the calls is an object ref (one put once for all the workers,
-    or the user's own), which Ray's `.remote()` must look at (`task_submit.py`)."""
-    ref = ray.ObjectRef
-    for args, kwargs in shipped:
-        for value in args:
-            if isinstance(value, ref):
-                return True
-        if kwargs:
-            for value in kwargs.values():
-                if isinstance(value, ref):
-                    return True
-    return False
