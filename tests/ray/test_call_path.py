@@ -510,3 +510,34 @@ def test_collecting_calls_as_the_worker_finishes_them_looks_ahead_rarely(run, mo
     assert [lazy(60) for lazy in lazies] == [[i] for i in range(120)]
     # Looks after calls 1, 3, 6, 11, 20, 37, 70 and 135 at most, whatever the timing.
     assert len(asked) <= 12, asked
+
+
+def test_threads_collecting_their_own_calls_at_once_each_get_their_own(run, monkeypatch):
+    """Four threads each issue calls on one group and collect them in a loop at the same
+    time: the looks and joint fetches of one thread serve the others' calls too, and every
+    call still gets its own value."""
+    import threading
+
+    from twinkle_core.runtime import Runtime
+
+    monkeypatch.setattr(Runtime, "LOOK_AFTER_S", 3600.0)
+    four = run["four"]
+    results: dict[int, list] = {}
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(4)
+
+    def work(t: int) -> None:
+        try:
+            barrier.wait(30)
+            lazies = [four.echo(t * 1000 + i) for i in range(100)]
+            results[t] = [lazy(60) for lazy in lazies]
+        except BaseException as exc:  # reported by the assertion below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert errors == []
+    assert results == {t: [[t * 1000 + i] * 4 for i in range(100)] for t in range(4)}
