@@ -16,8 +16,9 @@ config dict per round (`dispatch='all'`: every worker gets the dict).
    twinkle against raw Ray, counted per generation, with their time.
 3. Collecting 1000 calls that all finished (driver thread CPU per call): twinkle's
    LazyCollects one by one in a loop (the finished ones behind each are fetched together:
-   `twinkle_ray/read_ahead.py`), and with one `twinkle_core.get`; raw Ray's `ray.get` of each
-   ref in a loop, and of the list.
+   `twinkle_ray/read_ahead.py`), the same with that look-ahead turned off (one `ray.get` per
+   call), and with one `twinkle_core.get`; raw Ray's `ray.get` of each ref in a loop, and of
+   the list.
 
     cd benchmarks && python ab_issue_path.py [--workers 4]
 """
@@ -137,8 +138,20 @@ def _collect_finished(one: Any, actors: list[Any]) -> dict[str, float]:
         finished(refs)
         return refs
 
+    from twinkle_ray.read_ahead import ReadAhead
+
+    looking = ReadAhead.after_fetch
+
+    def without_look_ahead(lazies: list[Any]) -> list[Any]:
+        ReadAhead.after_fetch = lambda self, settled, ask: None  # type: ignore[method-assign]
+        try:
+            return [lazy(300) for lazy in lazies]
+        finally:
+            ReadAhead.after_fetch = looking  # type: ignore[method-assign]
+
     variants = {
         "twinkle, one by one": (twinkle_calls, lambda lazies: [lazy(300) for lazy in lazies]),
+        "twinkle, one by one, no look-ahead": (twinkle_calls, without_look_ahead),
         "twinkle, get": (twinkle_calls, lambda lazies: get(lazies, timeout=300)),
         "raw, one by one": (raw_refs, lambda refs: [ray.get(r, timeout=300) for r in refs]),
         "raw, list": (raw_refs, lambda refs: ray.get(refs, timeout=300)),
