@@ -1,12 +1,13 @@
 """A group's calls in the order issued, and a look at the next ones after a call fetched its own.
 
 User code resolves the LazyCollects of calls it issued in a batch one by one, in the order
-made (`[lazy() for lazy in lazies]`). Each resolved alone is one `ray.get` of its refs, about
-three times what a call costs in one `ray.get` of the whole list, as raw Ray code would fetch
-them. So after a call fetched its own replies, the next calls of its group still in flight are
-asked whether they finished (`RayPendingCall.ask_many`: one `ray.wait`, timeout 0, nothing
-fetched); the finished ones join the group's `finished` and the next of them collected
-fetches them all in one `ray.get` (`pending.fetch_finished`). Only the replies travel, as for
+made (`[lazy() for lazy in lazies]`). Each resolved alone is one `ray.get` of its refs, which
+costs Ray about twice what a ref costs in one `ray.get` of the whole list, as raw Ray code
+would fetch them (8.5 against 4.6 us of driver CPU here). So after a call fetched its own
+replies, the next calls of its group still in flight are asked whether they finished
+(`RayPendingCall.ask_many`: one `ray.wait`, timeout 0, nothing fetched); the finished ones
+join the group's `finished` and the next of them collected fetches them all in one `ray.get`
+(`pending.fetch_finished`). Only the replies travel, as for
 every collected call: large results stay in the object store until opened.
 
 A look that finds fewer than `WORTH` finished (the workers are behind: each collect waits
@@ -24,9 +25,10 @@ from typing import Any
 
 #: How many calls in flight one look asks about, at most.
 LOOK_CALLS = 64
-#: A look pays when it finds at least this many calls finished: a `ray.wait` costs about
-#: 80 us, and each call fetched with others rather than alone saves about 13 us (measured on
-#: 2 cores: 20-25 us for one call's `ray.get` against 6-9 us per call of a list).
+#: A look pays when it finds at least this many calls finished: its `ray.wait` of 64 refs
+#: costs the driver 9 us when all finished, 27 when some still run, and each call fetched
+#: with others rather than alone saves 2.5-4 us (`benchmarks/ab_issue_path.py`, part 3: a
+#: call collected 10.5 against 13.0 us; measured on the 2-core machine).
 WORTH = 8
 #: The most calls skipped between two looks that did not pay.
 MAX_SKIP = 64
