@@ -34,7 +34,7 @@ from typing import Any
 
 import ray
 from cases.ray_call import CONFIG
-from harness import ab_session
+from harness import ab_session, interleave
 
 CALLS, ROUNDS, WARMUP = 1000, 15, 2
 
@@ -156,18 +156,20 @@ def _collect_finished(one: Any, actors: list[Any]) -> dict[str, float]:
         "raw, one by one": (raw_refs, lambda refs: [ray.get(r, timeout=300) for r in refs]),
         "raw, list": (raw_refs, lambda refs: ray.get(refs, timeout=300)),
     }
-    samples: dict[str, list[float]] = {k: [] for k in variants}
-    for r in range(ROUNDS + WARMUP):
-        for name in variants if r % 2 else reversed(variants):
-            make, collect = variants[name]
+
+    def timed(make: Any, collect: Any) -> Any:
+        def run() -> float:  # the calls made and finished untimed; their collecting timed
             made = make()
             start = time.thread_time()
             collect(made)
-            took = time.thread_time() - start
-            del made
-            if r >= WARMUP:
-                samples[name].append(took / CALLS * 1e6)
-    return {k: statistics.median(v) for k, v in samples.items()}
+            return time.thread_time() - start
+
+        return run
+
+    samples = interleave(
+        {name: timed(*pair) for name, pair in variants.items()}, ROUNDS, per=CALLS, warmup=WARMUP
+    )
+    return {k: statistics.median(v) * 1e6 for k, v in samples.items()}
 
 
 def main() -> None:

@@ -7,8 +7,8 @@ would fetch them (8.5 against 4.6 us of driver CPU here). So after a call fetche
 replies, the next calls of its group still in flight are asked whether they finished
 (`RayPendingCall.ask_many`: one `ray.wait`, timeout 0, nothing fetched); the finished ones
 join the group's `finished` and the next of them collected fetches them all in one `ray.get`
-(`pending.fetch_finished`). Only the replies travel, as for
-every collected call: large results stay in the object store until opened.
+(`pending.fetch_finished`). Only the replies travel, as for every collected call: large
+results stay in the object store until opened.
 
 A look that finds fewer than `WORTH` finished (the workers are behind: each collect waits
 anyway) makes the next looks rarer, doubling the calls skipped up to `MAX_SKIP`; one that
