@@ -11,6 +11,7 @@ import statistics
 import sys
 import tempfile
 import time
+import types
 from collections.abc import Iterator
 from typing import Any
 
@@ -424,7 +425,8 @@ def test_replies_fetched_by_two_threads_are_kept_and_noted_once():
 
     for _ in range(5):
         Counted.noted = 0
-        call = Counted(None, "m", (0,), [None])
+        group = types.SimpleNamespace(ahead=None)  # no look-ahead to tell
+        call = Counted(group, "m", (0,), [None])
         barrier = threading.Barrier(4)
         kept: list = []
 
@@ -541,3 +543,39 @@ def test_threads_collecting_their_own_calls_at_once_each_get_their_own(run, monk
         thread.join(120)
     assert errors == []
     assert results == {t: [[t * 1000 + i] * 4 for i in range(100)] for t in range(4)}
+
+
+def test_the_look_ahead_lets_go_of_calls_collected_failed_or_dropped(run, monkeypatch):
+    """The group's look-ahead keeps its calls in flight strongly (no weak reference per call),
+    so it must let each go when it settles: collected, failed, or dropped unresolved and then
+    settled by the runtime (which reports failures nobody collected). None of them is kept
+    afterwards, and no call object outlives the run's hold on it."""
+    import gc
+    import weakref
+
+    from twinkle_core.runtime import Runtime
+
+    one = run["one"]
+    ahead = _workers(one).ahead
+    ahead.calls.clear()  # calls of earlier tests
+    collected = [one.echo(i, bad=3) for i in range(8)]
+    for i, lazy in enumerate(collected):
+        if i == 3:
+            with pytest.raises(ValueError):
+                lazy(60)
+        else:
+            assert lazy(60) == [i]
+    assert not ahead.calls, "collected and failed calls are let go"
+    monkeypatch.setattr(Runtime, "LOOK_AFTER_S", 0.0)  # the runtime settles dropped calls now
+    monkeypatch.setattr(Runtime, "SETTLE_AFTER_S", 0.0)
+    dropped = [one.echo(i) for i in range(8)]
+    refs = [weakref.ref(lazy.source.pending) for lazy in dropped]
+    _all_finished(dropped)
+    del dropped, lazy
+    end = time.monotonic() + 30
+    while ahead.calls and time.monotonic() < end:
+        one.noop()(60)  # each new call gives the runtime a look at the old ones
+        time.sleep(0.05)
+    assert not ahead.calls, "calls dropped unresolved are let go once the runtime settled them"
+    gc.collect()
+    assert all(ref() is None for ref in refs)

@@ -3,8 +3,6 @@ often it looks. The Ray side (calls really fetched together) is in test_call_pat
 
 from __future__ import annotations
 
-import gc
-
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -20,27 +18,58 @@ def _settled(call: Call) -> bool:
     return call.settled
 
 
-@given(st.lists(st.tuples(st.booleans(), st.booleans()), max_size=200))
-def test_a_look_asks_about_the_oldest_calls_in_flight_in_issue_order(shape):
-    """Of calls issued in order, some settled, some no longer referenced: a look asks about
-    the first `LOOK_CALLS` live unsettled calls, in the order issued, and the calls before the
-    first of them are forgotten."""
+@given(
+    st.lists(st.sampled_from(["running", "settled", "forgotten"]), max_size=300),
+    st.integers(1, 400),
+)
+def test_a_look_asks_about_the_oldest_unsettled_calls_in_issue_order(shape, keep):
+    """Of calls issued in order, some settled unannounced, some settled and forgotten (as a
+    call is when it fetches, fails or is found finished), and at most `keep` remembered: a
+    look asks about the unsettled ones among the oldest `LOOK_CALLS` remembered, in the order
+    issued; it forgets the settled ones it met; a forgotten call is never asked about again,
+    and nothing else is kept."""
+    import twinkle_ray.read_ahead as read_ahead
+
     ahead = ReadAhead()
-    kept = []
-    call = None
-    for settled, referenced in shape:
-        call = Call(settled)
-        ahead.issued(call)
-        if referenced:
-            kept.append(call)
-    del call  # the loop's last one: referenced only through `kept`, like the others
+    remembered: list[Call] = []  # the model: issued in order, the oldest gone beyond `keep`
+    old_keep, read_ahead.KEEP = read_ahead.KEEP, keep
+    try:
+        for state in shape:
+            call = Call(state != "running")
+            ahead.issued(call)
+            remembered.append(call)
+            if len(remembered) > keep:
+                remembered.pop(0)
+            if state == "forgotten":
+                ahead.forget(call)
+                remembered.remove(call)
+    finally:
+        read_ahead.KEEP = old_keep
+    oldest = remembered[:LOOK_CALLS]
+    assert ahead.in_flight(_settled) == [c for c in oldest if not c.settled]
+    assert list(ahead.calls.values()) == [c for c in remembered if c not in oldest or not c.settled]
+    for call in list(ahead.calls.values()):
+        ahead.forget(call)
+    assert not ahead.calls
+
+
+def test_a_call_remembered_is_kept_until_forgotten():
+    """The look-ahead keeps its calls strongly (no weak reference per call in flight): a call
+    dropped unresolved stays until it settles, which the runtime's settling of calls nobody
+    collected sees to, and is then let go."""
+    import gc
+    import weakref
+
+    ahead = ReadAhead()
+    call = Call(False)
+    ref = weakref.ref(call)
+    ahead.issued(call)
+    del call
     gc.collect()
-    live = [c for c in kept if not c.settled]
-    assert ahead.in_flight(_settled) == live[:LOOK_CALLS]
-    if live:
-        assert ahead.calls[0]() is live[0]
-    else:
-        assert not ahead.calls
+    assert ref() is not None
+    ahead.forget(ref())
+    gc.collect()
+    assert ref() is None
 
 
 @given(st.lists(st.integers(0, LOOK_CALLS), min_size=1, max_size=300))

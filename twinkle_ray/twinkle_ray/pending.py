@@ -83,8 +83,9 @@ class CallGroup(Protocol):
     #: Weak references to the group's calls found finished and not fetched yet
     #: (`RayPendingCall.ask_many` appends, `fetch_finished` takes).
     finished: collections.deque
-    #: The group's calls in issue order, looked at after a call fetched its own replies.
-    ahead: ReadAhead
+    #: The group's unsettled calls in issue order, looked at after a call fetched its own
+    #: replies (None in a worker process).
+    ahead: ReadAhead | None
     #: The generation the actors are on (each restart makes new ones), and the actors by rank.
     restarts: int
     handles: list[Any]
@@ -230,6 +231,7 @@ class RayPendingCall(PendingCall):
                 if len(seen) == len(call.value_refs) and not call._known_done:
                     call._known_done = True
                     call.workers.finished.append(weakref.ref(call))
+                    call._forget()
 
     @classmethod
     def fetch_many(cls, calls: list[PendingCall], timeout: float | None) -> None:
@@ -252,6 +254,7 @@ class RayPendingCall(PendingCall):
             return True
         if self._is_done():
             self._known_done = True
+            self._forget()
             return True
         return False
 
@@ -372,7 +375,9 @@ class RayPendingCall(PendingCall):
             self._raise_failures()
         kept = self._keep(replies)
         # The next calls in flight may have finished too: fetched together next (read_ahead.py).
-        self.workers.ahead.after_fetch(_settled, RayPendingCall.ask_many)
+        ahead = self.workers.ahead
+        if ahead is not None:
+            ahead.after_fetch(_settled, RayPendingCall.ask_many)
         return kept
 
     def _keep(self, replies: list[Any]) -> list[Any]:
@@ -383,8 +388,15 @@ class RayPendingCall(PendingCall):
             if kept is None:
                 self._replies = kept = replies
         if kept is replies:
+            self._forget()
             self.received(replies)
         return kept
+
+    def _forget(self) -> None:
+        """Settled: the group's read-ahead has nothing left to ask about this call."""
+        ahead = self.workers.ahead
+        if ahead is not None:
+            ahead.forget(self)
 
     def received(self, replies: list[Any]) -> None:
         """Note envelopes' transport fallbacks (once per method and reason) and have held
@@ -458,6 +470,7 @@ class RayPendingCall(PendingCall):
             if not failures:
                 raise
             self._failures = failures
+            self._forget()
             self.workers.on_failures(failures, self.generation)
             raise WorkersFailedError(failures) from None
         for i, value in zip(stored, inner, strict=True):
@@ -531,6 +544,7 @@ class RayPendingCall(PendingCall):
                 "worker's result shows"
             )
         self._failures = sorted(failures, key=lambda f: f.rank)
+        self._forget()
         self.workers.on_failures(self._failures, self.generation)
         if running:
             LATE_FAILURES.watch(self, running, self._failures[0], late)

@@ -14,12 +14,19 @@ A look that finds fewer than `WORTH` finished (the workers are behind: each coll
 anyway) makes the next looks rarer, doubling the calls skipped up to `MAX_SKIP`; one that
 finds enough makes them every time again. So a loop collecting calls as the workers finish
 them pays one `ray.wait` per `MAX_SKIP` calls at most.
+
+The calls are kept in a dict by `id`, in issue order, each dropped the moment it settles
+(`forget`: fetched, failed, or found finished by a look): no object per call in flight (a weak
+reference per call was one more for the garbage collector to promote with every call in
+flight, about 1.5 us per call in a burst of 1000: docs/performance.md). A call is kept no
+longer than the runtime keeps it anyway (until collected, or settled by the runtime), and at
+most `KEEP` calls. Only drivers keep calls: a worker calling a group (no runtime watching its
+calls) has no read-ahead, so nothing keeps calls it dropped unresolved.
 """
 
 from __future__ import annotations
 
-import collections
-import weakref
+import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -32,43 +39,51 @@ LOOK_CALLS = 64
 WORTH = 8
 #: The most calls skipped between two looks that did not pay.
 MAX_SKIP = 64
-#: How many issued calls are remembered (weakly): a group's calls in flight beyond this many
-#: are not looked at ahead, which costs only the batching.
+#: How many issued calls are remembered: a group's calls in flight beyond this many are not
+#: looked at ahead (the oldest are forgotten), which costs only the batching.
 KEEP = 4096
 
 
 class ReadAhead:
-    """One group's calls in issue order (weak references) and when to look at them next."""
+    """One group's unsettled calls in issue order, and when to look at them next."""
 
     __slots__ = ("_backoff", "_skip", "calls")
 
     def __init__(self) -> None:
-        self.calls: collections.deque[weakref.ref[Any]] = collections.deque(maxlen=KEEP)
+        #: `id(call)` -> call, in issue order; a call leaves when it settles (`forget`).
+        self.calls: dict[int, Any] = {}
         self._skip = 0
         self._backoff = 1
 
     def issued(self, call: Any) -> None:
-        """Remember `call`, just submitted."""
-        self.calls.append(weakref.ref(call))
+        """Remember `call`, just submitted (the oldest is forgotten beyond `KEEP`)."""
+        calls = self.calls
+        calls[id(call)] = call
+        if len(calls) > KEEP:
+            try:
+                del calls[next(iter(calls))]
+            except (KeyError, RuntimeError, StopIteration):  # another thread changed it
+                pass
+
+    def forget(self, call: Any) -> None:
+        """`call` settled: nothing left to look at (and nothing here keeps it alive)."""
+        self.calls.pop(id(call), None)
 
     def in_flight(self, settled: Callable[[Any], bool]) -> list[Any]:
-        """The oldest calls not `settled`, at most `LOOK_CALLS`; settled ones and the ones
-        no longer referenced are dropped from the front."""
+        """Of the oldest `LOOK_CALLS` calls, those not `settled`; settled ones (a call may
+        settle without being told to `forget`) are forgotten."""
         calls = self.calls
-        try:
-            while calls:
-                call = calls[0]()
-                if call is not None and not settled(call):
-                    break
-                calls.popleft()
-            found = []
-            for i in range(min(len(calls), LOOK_CALLS)):
-                call = calls[i]()
-                if call is not None and not settled(call):
-                    found.append(call)
-            return found
-        except IndexError:  # another thread dropped calls meanwhile: look next time
+        try:  # a copy made in C: no other thread runs while it is made
+            oldest = list(itertools.islice(calls.values(), LOOK_CALLS))
+        except RuntimeError:  # changed meanwhile: look next time
             return []
+        found = []
+        for call in oldest:
+            if settled(call):
+                calls.pop(id(call), None)
+            else:
+                found.append(call)
+        return found
 
     def after_fetch(self, settled: Callable[[Any], bool], ask: Callable[[list[Any]], None]) -> None:
         """A call fetched its replies alone: `ask` about the next calls in flight, unless the

@@ -126,8 +126,9 @@ class RayWorkerGroup(WorkerGroup):
         #: Calls of this group whose workers all finished, not yet fetched (weak references,
         #: appended by `RayPendingCall.ask_many`): fetched together by `pending.fetch_finished`.
         self.finished: collections.deque = collections.deque()
-        #: Driver-side only: this group's calls in issue order (`read_ahead.py`).
-        self.ahead = ReadAhead()
+        #: Driver-side only: this group's unsettled calls in issue order (`read_ahead.py`);
+        #: None in a worker process (nothing there settles the calls it drops).
+        self.ahead: ReadAhead | None = ReadAhead()
         self.handles = handles
         #: This generation's `TWINKLE_WORKER_GROUP` (names its transport groups).
         self.tag = ""
@@ -161,7 +162,7 @@ class RayWorkerGroup(WorkerGroup):
         self.__dict__.update(state)
         self._send_lock = threading.Lock()
         self.finished = collections.deque()
-        self.ahead = ReadAhead()
+        self.ahead = None  # a worker calling this group: no runtime settles its calls
 
     def actor_method(self, rank: int, method: str) -> Any:
         """The Ray actor method that runs `method` on worker `rank` (cached per handle)."""
@@ -251,6 +252,8 @@ class RayWorkerGroup(WorkerGroup):
         """Kill every actor of this group (a torch.distributed group cannot lose one rank),
         and its relays."""
         self.torn_down = reason
+        if self.ahead is not None:
+            self.ahead.calls.clear()  # calls never collected need no look: let them go
         route, self.route = self.route, None
         if route is not None:
             unregister(self.handles)
@@ -312,7 +315,9 @@ class RayWorkerGroup(WorkerGroup):
             keep_until_done(refs, producers)
         # The ranks as a tuple of ints, which the garbage collector stops tracking.
         pending = RayPendingCall(self, method, tuple([c.rank for c in calls]), refs, self.restarts)
-        self.ahead.issued(pending)
+        ahead = self.ahead
+        if ahead is not None:
+            ahead.issued(pending)
         return pending
 
     def _wait_for_restart(self) -> None:
