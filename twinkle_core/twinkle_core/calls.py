@@ -30,7 +30,7 @@ from .errors import (
 )
 from .failures import CALLER_TAG, CallFailure, WorkersFailedError, tag_exception
 from .handoff import finish_hand_off, has_stand_ins
-from .lazy import LazyCollect
+from .lazy import _ASK_SOURCE, _UNSET, COLLECT_ITSELF, LazyCollect
 from .plain import is_plain_data
 from .plugins import plugin_system
 from .transport import check_registered
@@ -193,16 +193,17 @@ def _wait_text(method: str, workers: WorkerGroup, call_site: Any, deadline: floa
     return f"{method} on group {workers.group.name!r} (called at {call_site}{limit})"
 
 
-class CallSource:
-    """One submitted call: where a LazyCollect's value comes from (the pending call and how it
-    will be collected), and, called, what collects it: waits for the workers and combines
-    their results, or raises their failure tagged with the call site (and reports it to the
-    runtime).
+class CallSource(LazyCollect):
+    """One submitted call, as the LazyCollect user code gets: where its value comes from (the
+    pending call and how it will be collected) and what collects it (`_collect`: waits for
+    the workers and combines their results, or raises their failure tagged with the call
+    site, and reports it to the runtime).
 
-    Backends read `workers`, `pending`, `collector`, `device_mesh` and `method` to hand a
-    result to another group without fetching it to the driver. One slotted object per call
-    rather than a closure, or a tuple beside a resolver: with thousands of calls in flight,
-    each object a call keeps is what the garbage collector spends its time on.
+    Backends read `source.workers`, `pending`, `collector`, `device_mesh` and `method` to
+    hand a result to another group without fetching it to the driver; `source` is the object
+    itself. One slotted object per call, the handle and its source in one, holding no bound
+    method or closure of itself (which would be a reference cycle): with thousands of calls
+    in flight, each object a call keeps is one more for the garbage collector to promote.
     """
 
     __slots__ = (
@@ -213,6 +214,7 @@ class CallSource:
         "pending",
         "spec",
         "took",
+        "trace",
         "workers",
     )
 
@@ -226,21 +228,50 @@ class CallSource:
         spec: MethodSpec,
         call_site: CallSite,
         took: float,
+        trace: tuple[Any, int] | None = None,
     ) -> None:
+        # LazyCollect's state, set here (its __init__ stores a `source`, which is this).
+        self._describe = ""
+        self._resolve = COLLECT_ITSELF
+        self._is_done = _ASK_SOURCE
+        self._value = _UNSET
+        self._error = None
+        self._lock = None
+        self._observed = False
+        self._watched = None
+        self._since = 0.0
         self.workers, self.pending, self.collector = workers, pending, collector
         self.device_mesh, self.binding, self.spec = device_mesh, binding, spec
         self.call_site, self.took = call_site, took
+        #: (trace recorder, call id) when the driver records a trace (`trace.py`), else None.
+        self.trace = trace
+
+    @property
+    def source(self) -> CallSource:  # type: ignore[override]
+        """This call itself (plain LazyCollects keep their source in a slot)."""
+        return self
 
     @property
     def method(self) -> str:
         """`Class.method`: made when read (errors, hand-offs), not on every call."""
         return f"{self.workers.class_name}.{self.spec.name}"
 
-    def __str__(self) -> str:
+    def _what(self) -> object:
         """What the call is, for the LazyCollect's repr: formatted only when shown."""
         return f"{self.method} from {self.call_site}"
 
-    def __call__(self, timeout: float | None) -> Any:
+    def _collect(self, timeout: float | None) -> Any:
+        trace = self.trace
+        if trace is None:
+            return self._collect_now(timeout)
+        recorder, call_id = trace
+        start = _trace.now_ns()
+        try:
+            return self._collect_now(timeout)
+        finally:
+            recorder.collect_span(call_id, start, self.method, self.workers.group.name)
+
+    def _collect_now(self, timeout: float | None) -> Any:
         spec, call_site = self.spec, self.call_site
         workers, pending, collector = self.workers, self.pending, self.collector
         mesh, method = self.device_mesh, self.method
@@ -366,13 +397,16 @@ def invoke(
     # Backends that run a call while submitting it (in-process, torchrun) cannot interrupt it;
     # a call that outlived its method's timeout there fails as it would where it could be.
     now = time.monotonic()
-    source = CallSource(workers, pending, collector, mesh, binding, spec, call_site, now - started)
-    if rec is not None and on_driver:
-        resolver = _trace.timed_resolve(source, rec, call_id, source.method, workers.group.name)
-    lazy = LazyCollect(
-        resolver if rec is not None and on_driver else source,
-        describe=source,  # formatted only when shown (`CallSource.__str__`)
-        source=source,
+    lazy = CallSource(
+        workers,
+        pending,
+        collector,
+        mesh,
+        binding,
+        spec,
+        call_site,
+        now - started,
+        (rec, call_id) if rec is not None and on_driver else None,
     )
     if this_run and runtime is not None:
         runtime.track(lazy, now)

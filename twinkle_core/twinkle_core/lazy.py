@@ -12,30 +12,9 @@ _UNSET = object()
 _ASK_SOURCE: Any = object()
 #: Held only while a LazyCollect's own lock is made (`LazyCollect._call_lock`).
 _MAKE_LOCK = threading.Lock()
-
-
-class TrackedCall:
-    """The runtime's hold on one call it watches for failures nobody collects.
-
-    The runtime keeps these, not the LazyCollects: resolving a LazyCollect releases its
-    `TrackedCall`, so the runtime stops keeping the call (and, through its source, the
-    results a backend keeps for it, such as Ray object refs) the moment user code has the
-    value, not whenever later calls get round to looking at the list.
-    """
-
-    __slots__ = ("lazy", "since")
-
-    def __init__(self, lazy: LazyCollect, since: float = 0.0) -> None:
-        self.lazy: LazyCollect | None = lazy
-        #: When the call was made (`time.monotonic()`): the runtime looks at old calls only.
-        self.since = since
-
-    def release(self) -> None:
-        """Stop holding the call (idempotent; breaks the holder <-> LazyCollect cycle)."""
-        lazy = self.lazy
-        if lazy is not None:
-            self.lazy = None
-            lazy._tracked = None
+#: `LazyCollect._resolve` of a subclass that collects its value itself (`_collect`): no bound
+#: method stored on the object, which would be a reference cycle per call.
+COLLECT_ITSELF: Any = object()
 
 
 class LazyCollect:
@@ -54,8 +33,9 @@ class LazyCollect:
         "_lock",
         "_observed",
         "_resolve",
-        "_tracked",
+        "_since",
         "_value",
+        "_watched",
         "source",
     )
 
@@ -88,12 +68,25 @@ class LazyCollect:
         #: keeps makes the garbage collector's full collections come sooner.
         self._lock: threading.Lock | None = None
         self._observed = False
-        self._tracked: TrackedCall | None = None
+        #: The runtime's calls watched for failures nobody collects, while this is among them
+        #: (`watch`), and when the call was made.
+        self._watched: dict[int, LazyCollect] | None = None
+        self._since = 0.0
 
-    def tracked(self, since: float = 0.0) -> TrackedCall:
-        """A holder for the runtime's list of watched calls, released once this resolves."""
-        holder = self._tracked = TrackedCall(self, since)
-        return holder
+    def watch(self, calls: dict[int, LazyCollect], since: float) -> None:
+        """Join the runtime's `calls` (by `id`, in the order made), which this leaves the
+        moment it resolves: a call collected is not kept there, with what it holds (on Ray,
+        its results in the object store). No object per call: with thousands in flight, each
+        one a call keeps is one more for the garbage collector to promote."""
+        self._since = since
+        self._watched = calls
+        calls[id(self)] = self
+
+    def _unwatch(self) -> None:
+        calls = self._watched
+        if calls is not None:
+            self._watched = None
+            calls.pop(id(self), None)  # not another call's: ids differ while this one lives
 
     @classmethod
     def of_value(cls, value: Any, describe: object = "") -> LazyCollect:
@@ -138,23 +131,28 @@ class LazyCollect:
                 resolve = self._resolve
                 assert resolve is not None  # cleared only once a value is cached
                 try:
-                    self._value = resolve(timeout)
+                    if resolve is COLLECT_ITSELF:
+                        self._value = self._collect(timeout)
+                    else:
+                        self._value = resolve(timeout)
                 except TimeoutError:
                     raise  # not final: the caller may wait again
                 except BaseException as exc:
                     self._error = exc
-                    if self._tracked is not None:
-                        self._tracked.release()
+                    self._unwatch()  # after `_error`: a look that missed it sees it
                     raise
                 self._resolve = None  # drop references to pending work
                 self._is_done = None
-                if self._tracked is not None:
-                    self._tracked.release()
+                self._unwatch()  # after `_value`: a look that missed it sees it
             return self._value
         finally:
             if self._value is not _UNSET or self._error is not None:
                 self._lock = None  # final: later callers take the fast path above
             lock.release()
+
+    def _collect(self, timeout: float | None) -> Any:
+        """The value, for a subclass whose `_resolve` is `COLLECT_ITSELF`."""
+        raise NotImplementedError
 
     def settle(self) -> BaseException | None:
         """Collect a finished call without counting as the user having looked at it.
@@ -281,9 +279,14 @@ class LazyCollect:
     def __getitem__(self, item: Any) -> Any:
         raise self._not_the_value(f"indexing [{item!r}]")
 
+    def _what(self) -> object:
+        """What the call is, for `repr` (formatted only when shown)."""
+        return self._describe
+
     def __repr__(self) -> str:
         state = "done" if self.resolved else "pending"
-        what = f" {self._describe}" if self._describe else ""
+        described = self._what()
+        what = f" {described}" if described else ""
         return f"<LazyCollect{what} {state}>"
 
 

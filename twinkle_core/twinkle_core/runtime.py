@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import atexit
 import inspect
+import itertools
 import logging
 import os
 import threading
 import time
 import uuid
 import weakref
-from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,7 +24,7 @@ from .device_mesh import DeviceMesh
 from .errors import ConfigurationError, NotInitializedError
 from .failures import CallFailure
 from .health import GroupState, HealthBook
-from .lazy import LazyCollect, TrackedCall, ask_many
+from .lazy import LazyCollect, ask_many
 from .notify import AlertQueue, Notifier, as_notifier
 from .plugins import get_plugin, plugin_system
 from .seeding import seed_everything
@@ -90,10 +90,11 @@ class Runtime:
         self.bound: list[BoundClass] = []
         #: Which object of each group ran last (roles taking turns: `swapping.py`).
         self.turns = Turns()
-        #: Calls watched for failures nobody collects (`track`), oldest first.
-        self._pending: deque[TrackedCall] = deque()
-        #: Finished calls nobody collected yet, settled together (`track`).
-        self._finished: list[TrackedCall] = []
+        #: Calls watched for failures nobody collects (`track`), by `id`, oldest first; each
+        #: leaves the moment it resolves (`LazyCollect.watch`).
+        self._pending: dict[int, LazyCollect] = {}
+        #: Finished calls nobody collected yet, taken off `_pending`, settled together.
+        self._finished: list[LazyCollect] = []
         self._settled_at = time.monotonic()
         #: When the next call looks at the tracked calls (`track`), and who is looking.
         self._next_look = 0.0
@@ -233,22 +234,18 @@ class Runtime:
     def track(self, lazy: LazyCollect, now: float | None = None) -> None:
         """Remember a call so its failure is reported even if nobody collects it.
 
-        The list holds each call's `TrackedCall`, which resolving the call releases: a
-        collected call is not kept. Each new call drops the released holders at the front of
-        the list; at most every `LOOK_EVERY_S` one also looks at the oldest calls still held,
-        if they were made at least `LOOK_AFTER_S` ago (`_look`). `now` is when the call was
-        made (`time.monotonic()`), given by callers that already read the clock.
+        The call joins `_pending` (`LazyCollect.watch`), which it leaves when resolved: a
+        collected call is not kept. At most every `LOOK_EVERY_S` a new call also looks at the
+        oldest calls still there, if they were made at least `LOOK_AFTER_S` ago (`_look`).
+        `now` is when the call was made (`time.monotonic()`), given by callers that already
+        read the clock.
         """
         if now is None:
             now = time.monotonic()
-        holder = lazy.tracked(now)
         if self._watcher is None:
             self._start_watching()
         with self._lock:
-            pending = self._pending
-            while pending and pending[0].lazy is None:
-                pending.popleft()  # released: resolved by user code
-            pending.append(holder)
+            lazy.watch(self._pending, now)
             look = now >= self._next_look
             if look:
                 self._next_look = now + self.LOOK_EVERY_S
@@ -256,46 +253,47 @@ class Runtime:
             self._look(now)
 
     def _look(self, now: float) -> None:
-        """Set the finished calls at the front of the list aside, and settle them in a batch.
+        """Set the finished calls at the front of `_pending` aside, and settle them in a batch.
 
         Goes through the oldest calls made at least `LOOK_AFTER_S` ago (or beyond
-        `TRACK_MAX`) until one still runs, which goes to the back. The calls are asked whether
-        they are done without holding `self._lock` (the question is backend code); one thread
-        looks at a time (`_look_lock`), and the calls it took but did not ask go back to the
-        front, in order. Called by new calls (`track`) and by the watcher thread (`_watch`).
+        `TRACK_MAX`) until one still runs, which goes to the back (so that one long call does
+        not keep finished ones behind it from being settled; the calls after it most likely
+        run too, and are not asked). The calls are asked whether they are done without
+        holding `self._lock` (the question is backend code); one thread looks at a time
+        (`_look_lock`). A call resolved meanwhile has left `_pending` on its own. Called by
+        new calls (`track`) and by the watcher thread (`_watch`).
         """
         if not self._look_lock.acquire(blocking=False):
             return  # another thread is looking right now
         try:
             made_before = now - self.LOOK_AFTER_S
+            calls = self._pending
             with self._lock:
-                pending = self._pending
-                over = len(pending) - self.TRACK_MAX
-                taken: list[TrackedCall] = []
-                while (
-                    pending
-                    and len(taken) < self.SWEEP
-                    and (len(taken) < over or pending[0].since <= made_before)
-                ):
-                    taken.append(pending.popleft())
-            finished: list[TrackedCall] = []
-            rest, running = [], []
-            ask_many([h.lazy for h in taken if h.lazy is not None])
-            for i, holder in enumerate(taken):
-                item = holder.lazy
-                if item is None:
-                    continue
-                if not item.done():
-                    # To the back, so that one long call does not keep finished ones behind
-                    # it from being settled; the rest most likely run too (not asked).
-                    running.append(holder)
-                    rest = taken[i + 1 :]
+                over = len(calls) - self.TRACK_MAX
+                oldest = list(itertools.islice(calls.values(), self.SWEEP))
+            taken: list[LazyCollect] = []
+            for item in oldest:
+                if len(taken) >= over and item._since > made_before:
                     break
-                finished.append(holder)
-            settle: list[TrackedCall] = []
+                taken.append(item)
+            finished: list[LazyCollect] = []
+            ask_many([item for item in taken if not item.resolved])
+            for item in taken:
+                if item.resolved:
+                    continue  # collected meanwhile: it left `_pending` itself
+                if not item.done():
+                    key = id(item)
+                    with self._lock:
+                        if calls.pop(key, None) is not None:
+                            calls[key] = item  # to the back
+                    if item.resolved:  # resolved while moved: its own removal may have missed
+                        calls.pop(key, None)
+                    break
+                finished.append(item)
+            settle: list[LazyCollect] = []
             with self._lock:
-                self._pending.extendleft(reversed(rest))
-                self._pending.extend(running)
+                for item in finished:
+                    calls.pop(id(item), None)
                 self._finished.extend(finished)
                 waiting = self._finished
                 if waiting and (
@@ -309,16 +307,12 @@ class Runtime:
         if settle:
             self._settle(settle)
 
-    def _settle(self, holders: list[TrackedCall]) -> None:
+    def _settle(self, items: list[LazyCollect]) -> None:
         """Collect finished calls nobody collected; remember failures for the shutdown report.
 
         Must be called without holding `self._lock`: a failure is reported through `report`.
         """
-        for holder in holders:
-            item = holder.lazy
-            if item is None:
-                continue  # collected by user code meanwhile
-            holder.release()
+        for item in items:
             if item.resolved or self._known_ok(item):
                 continue
             error = item.settle()
@@ -332,13 +326,12 @@ class Runtime:
         watcher = self._watcher
         if watcher is not None and watcher is not threading.current_thread():
             watcher.join(self.WATCH_JOIN_S)
-        with self._look_lock, self._lock:  # a look in progress puts its calls back first
-            pending, self._pending = list(self._pending), deque()
+        with self._look_lock, self._lock:  # after a look in progress
+            pending = list(self._pending.values())
+            self._pending.clear()  # no longer watched: the run ends
             finished, self._finished = self._finished, []
-        running = [h for h in pending if h.lazy is not None and not h.lazy.done()]
-        for holder in running:
-            holder.release()  # no longer watched: the run ends
-        self._settle(finished + pending)
+        done = [item for item in pending if not item.resolved and item.done()]
+        self._settle(finished + done)
         with self._lock:
             unobserved, self._unobserved = self._unobserved, []
         for item, error in unobserved:

@@ -29,7 +29,6 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
 from typing import Any
 
 log = logging.getLogger("twinkle.trace")
@@ -599,21 +598,6 @@ def _x(name: str, cat: str, ts: float, end: float, pid: int, tid: int, args: dic
 
 
 # ------------------------------------------------------------------------- call pipeline
-def timed_resolve(
-    resolve: Callable[[float | None], Any], rec: Recorder, call: int, method: str, group: str
-) -> Callable[[float | None], Any]:
-    """`resolve` (a LazyCollect's) recording the driver's wait and collection of `call`."""
-
-    def traced(timeout: float | None) -> Any:
-        start = now_ns()
-        try:
-            return resolve(timeout)
-        finally:
-            rec.collect_span(call, start, method, group)
-
-    return traced
-
-
 # ------------------------------------------------------------------------- payload size
 _WALK_LIMIT = 10_000  # items looked at per call: the size is a hint, never a cost
 
