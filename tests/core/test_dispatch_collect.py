@@ -24,6 +24,36 @@ def test_slice_splits_lists_and_copies_the_rest():
     assert out[1] == (([3], 7), {"xs": [6], "s": "abc"})
 
 
+_NOT_LISTS = st.one_of(
+    st.integers(),
+    st.text(max_size=4),
+    st.tuples(st.integers(), st.integers()),
+    st.dictionaries(st.text(max_size=3), st.lists(st.integers(), max_size=3), max_size=3),
+    hnp.arrays(np.float32, st.integers(0, 4)),
+)
+
+
+@given(
+    args=st.lists(_NOT_LISTS, max_size=4),
+    kwargs=st.dictionaries(st.text(max_size=3), _NOT_LISTS, max_size=3),
+    n=st.integers(1, 5),
+)
+def test_slice_with_no_list_to_split_hands_every_worker_the_arguments_as_given(args, kwargs, n):
+    """Nothing at the top level is a list (dicts holding lists included: `slice` splits only
+    top-level lists): every worker gets the very args tuple (which tells a backend it is the
+    one core already found plain data) and the same keyword values. Not for a list in the
+    keywords: that one is split."""
+    args = tuple(args)
+    out = D["slice"].dispatch(args, kwargs, n, None)
+    assert len(out) == n
+    for worker_args, worker_kwargs in out:
+        assert worker_args is args
+        assert worker_kwargs.keys() == kwargs.keys()
+        assert all(worker_kwargs[k] is kwargs[k] for k in kwargs)
+    split = D["slice"].dispatch(args, {**kwargs, "batch": list(range(n))}, n, None)
+    assert [k["batch"] for _, k in split] == [[i] for i in range(n)]
+
+
 @given(
     la=st.integers(0, 12),
     lb=st.integers(0, 12),

@@ -77,6 +77,10 @@ class Probe:
         time.sleep(delay * rank)
         raise KeyError(f"rank {rank} fails later")
 
+    @remote_function()  # the default dispatch, `slice`
+    def take(self, value):
+        return value
+
     @remote_function(dispatch="all", collect="none")
     def echo(self, i, bad=-1, nap=0.0):
         """`i` back after `nap` seconds; raises for `i == bad`."""
@@ -579,3 +583,20 @@ def test_the_look_ahead_lets_go_of_calls_collected_failed_or_dropped(run, monkey
     assert not ahead.calls, "calls dropped unresolved are let go once the runtime settled them"
     gc.collect()
     assert all(ref() is None for ref in refs)
+
+
+def test_arguments_core_found_plain_are_not_looked_at_again(run, monkeypatch):
+    """Core looks at a call's arguments once (`is_plain_data`) and hands the backend the args
+    tuple it found plain (`PreparedCall.plain_args`); with nothing to split, `slice` gives
+    every worker that very tuple, so the Ray backend does not walk the arguments again before
+    shipping them. A config dict to four workers: no second look, and every worker gets it."""
+    from twinkle_ray import payload_check
+
+    looked: list = []
+    real = payload_check.is_plain_data
+    monkeypatch.setattr(
+        payload_check, "is_plain_data", lambda value, *a: looked.append(value) or real(value, *a)
+    )
+    config = {"step": 3, "lr": 1e-4, "tags": ["a", "b"]}
+    assert run["four"].take(config)(60) == [config] * 4
+    assert looked == []

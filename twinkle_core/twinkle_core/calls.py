@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from . import plugins as _plugins
 from . import runtime as _runtime
 from . import slow_calls as _slow_calls
 from . import stacks as _stacks
@@ -62,10 +63,12 @@ class MethodSpec:
         The lookup (plugin registry, conflict checks) is cached per spec and redone when the
         plugin system is reset or a plugin is added at run time.
         """
-        system = plugin_system()
         hit = _RESOLVED.get(id(self))
-        if hit is not None and hit[0] is self and hit[1] is system and hit[2] == system.generation:
-            return hit[3], hit[4]
+        if hit is not None and hit[0] is self:
+            loaded = _plugins._system  # `plugin_system()` once loaded, without the calls
+            if hit[1] is loaded and loaded._loaded and hit[2] == loaded.generation:
+                return hit[3], hit[4]
+        system = plugin_system()
         dispatcher = as_dispatcher(self.dispatch, argument=f"{self.qualname}: dispatch")
         collector = as_collector(self.collect, argument=f"{self.qualname}: collect")
         check_registered(self.transport, f"{self.qualname}: transport")
@@ -332,7 +335,7 @@ def invoke(
 
     On the driver the object first becomes the active role of its group (`swapping.py`),
     unless `swapping` is False (the switch's own calls)."""
-    runtime = _runtime.current_runtime_or_none()
+    runtime = _runtime._runtime  # `current_runtime_or_none()`, without the call
     this_run = runtime is not None and runtime.config.name == binding.run_name
     if swapping and this_run and runtime is not None:
         turns = runtime.turns

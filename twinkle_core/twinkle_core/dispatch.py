@@ -68,6 +68,18 @@ class SliceDispatcher(Dispatcher):
     ) -> WorkerArgs:
         if not args and not kwargs:  # nothing to split (a no-argument call is common)
             return [((), {}) for _ in range(n_workers)]
+        for value in args:
+            if isinstance(value, list):
+                break
+        else:
+            for value in kwargs.values():
+                if isinstance(value, list):
+                    break
+            else:
+                # No list to split (a config dict, an array): every worker gets the arguments
+                # as given, the very args tuple, which tells a backend it is the one core
+                # already found plain data (`PreparedCall.plain_args`).
+                return [(args, kwargs) for _ in range(n_workers)]
         _same_lengths(
             [(f"argument {i}", a) for i, a in enumerate(args) if isinstance(a, list)]
             + [(f"argument {k!r}", v) for k, v in kwargs.items() if isinstance(v, list)],

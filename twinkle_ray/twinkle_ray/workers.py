@@ -44,6 +44,7 @@ from twinkle_core.plugin import (
     waiting_for,
 )
 
+from . import transfer as _transfer
 from .actor import RESERVED_PREFIX
 from .deaths import DEATH_ERRORS, how_it_died
 from .payload_check import all_plain_data, checked_arguments
@@ -289,7 +290,8 @@ class RayWorkerGroup(WorkerGroup):
                     for c in calls
                 ],
             )
-        register_tensor_serializer()
+        if not _transfer._registered_in_process:  # once per process: no call each time
+            register_tensor_serializer()
         rdt = None
         producers: tuple = ()
         if local is not None and local.held:
