@@ -64,6 +64,7 @@ def side_note(figures: dict[str, dict]) -> str:
         "array": "8x8 float32 array",
         "none": "no argument",
         "get": "dict, resolved with twinkle_core.get",
+        "hosted": "dict, raw Ray on twinkle's own actor",
     }
     return "; ".join(
         f"{label[k]}: {fmt_time(f['twinkle_s'])} vs {fmt_time(f['raw_s'])} (x{f['ratio']:.2f})"

@@ -9,8 +9,10 @@ import pickle
 import threading
 from typing import Any
 
+import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
 
 from twinkle_core.lazy import LazyCollect
 from twinkle_core.plain import MAX_DEPTH, MAX_ITEMS
@@ -103,3 +105,42 @@ def test_the_shapes_calls_carry_are_plain_and_large_ones_are_left_to_the_walks()
     assert not is_plain_data([[[[1]]]])  # deeper than MAX_DEPTH
     assert is_plain_data([[[1]]])
     assert not is_plain_data(True.__class__)  # a type is not data
+
+
+_numeric_dtypes = st.sampled_from(
+    [np.float32, np.float64, np.int64, np.uint8, np.bool_, np.complex64, "U3", "S2"]
+)
+
+
+@given(
+    st.lists(hnp.arrays(_numeric_dtypes, hnp.array_shapes(max_dims=2, max_side=4)), max_size=12),
+    st.integers(0, 2),
+)
+def test_numpy_arrays_without_python_objects_are_plain_leaves_at_any_depth(arrays, nest):
+    """A numpy array whose dtype holds no Python objects is a leaf (no LazyCollect, nothing
+    process-bound, and it pickles faithfully), alone, in a container, or at the deepest level
+    a container may be; an array of Python objects, or a subclass of ndarray, is not."""
+    value: Any = arrays
+    for _ in range(nest):
+        value = {"batch": value}
+    assert is_plain_data(value)
+    assert is_plain_data(tuple(arrays))
+    for array in arrays:
+        assert is_plain_data(array)
+        again = pickle.loads(pickle.dumps(array))
+        assert again.dtype == array.dtype and again.shape == array.shape
+        assert np.array_equal(again, array, equal_nan=array.dtype.kind in "fc")
+    deepest: Any = arrays[:1] or [np.zeros(2)]
+    for _ in range(MAX_DEPTH - 1):
+        deepest = [deepest]
+    assert is_plain_data(deepest)  # arrays in the deepest container allowed
+    foreign = [
+        np.array([threading.Lock(), 1], dtype=object),
+        np.array([LazyCollect.of_value(1)], dtype=object),
+        np.ma.masked_array([1.0, 2.0]),
+        np.array([(1, None)], dtype=[("a", "i4"), ("b", "O")]),
+    ]
+    for bad in foreign:
+        assert not is_plain_data(bad)
+        assert not is_plain_data({"batch": [*arrays, bad]})
+        assert not is_plain_data((bad, *arrays))

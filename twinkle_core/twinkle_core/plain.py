@@ -1,4 +1,5 @@
-"""Plain data: numbers, strings, bytes and None, in lists, tuples and dicts.
+"""Plain data: numbers, strings, bytes, None and numpy arrays of numbers, in lists, tuples and
+dicts.
 
 Most calls carry such values (a config dict, token ids, a step number). A value known to be
 plain needs none of the call path's walks: it holds no LazyCollect to replace, nothing tied to
@@ -17,10 +18,16 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 #: Types that are plain data themselves (exact types: a subclass may hold anything).
 LEAVES = frozenset({int, float, bool, complex, str, bytes, type(None)})
+#: Plain too when its dtype holds no Python objects (numbers, bools, fixed-size strings,
+#: records of those): exactly `numpy.ndarray`, not a subclass (a masked array, a matrix).
+ARRAY = np.ndarray
 _CONTAINERS = frozenset({list, tuple, dict})
-_LEAVES_OR_CONTAINERS = LEAVES | _CONTAINERS
+_LEAVES_OR_ARRAY = LEAVES | {ARRAY}
+_LEAVES_OR_CONTAINERS = _LEAVES_OR_ARRAY | _CONTAINERS
 
 #: Containers holding more items than this are not looked into (False): the full walks
 #: decide for them, as they did before this short road existed.
@@ -33,8 +40,9 @@ _LOOP_ITEMS = 8
 
 
 def is_plain_data(value: Any, depth: int = MAX_DEPTH) -> bool:
-    """Whether `value` is made only of plain leaves (`LEAVES`) in lists, tuples and dicts
-    with plain keys, at most `depth` containers deep and `MAX_ITEMS` items each.
+    """Whether `value` is made only of plain leaves (`LEAVES`, and numpy arrays whose dtype
+    holds no Python objects) in lists, tuples and dicts with plain keys, at most `depth`
+    containers deep and `MAX_ITEMS` items each.
 
     True means: no LazyCollect, nothing tied to this process, and it pickles faithfully.
     False means only that the quick look could not tell.
@@ -42,6 +50,8 @@ def is_plain_data(value: Any, depth: int = MAX_DEPTH) -> bool:
     kind = type(value)
     if kind in LEAVES:
         return True
+    if kind is ARRAY:
+        return not value.dtype.hasobject
     if kind is dict:
         size = len(value)
         if size > MAX_ITEMS:
@@ -64,9 +74,15 @@ def is_plain_data(value: Any, depth: int = MAX_DEPTH) -> bool:
         kinds = set(map(type, items))
         if kinds <= LEAVES:
             return True
-        if depth <= 1 or not kinds <= _LEAVES_OR_CONTAINERS:
+        if not kinds <= _LEAVES_OR_CONTAINERS or (depth <= 1 and not kinds <= _LEAVES_OR_ARRAY):
             return False
     for item in items:
-        if type(item) not in LEAVES and (depth <= 1 or not is_plain_data(item, depth - 1)):
+        kind = type(item)
+        if kind in LEAVES:
+            continue
+        if kind is ARRAY:  # a leaf at any depth
+            if item.dtype.hasobject:
+                return False
+        elif depth <= 1 or not is_plain_data(item, depth - 1):
             return False
     return True

@@ -43,6 +43,7 @@ from twinkle_core.plugin import (
 from . import tracing as _tracing
 from .transfer import (
     WRITE_GUARD,
+    is_large,
     materialize,
     pack_result,
     register_tensor_serializer,
@@ -243,6 +244,8 @@ class TwinkleActor:
             WRITE_GUARD.finish(seen, f"{class_name}.{method}")
         if not _tensors_registered:
             self._maybe_register_tensors()
+        if not is_large(value):  # most results: returned as they are, nothing more to decide
+            return value
         transport = _transport(type(instance), method)
         colocated = len(self._tw_slots) > 1
         return pack_result(value, transport, f"{class_name}.{method}", colocated)
