@@ -11,8 +11,8 @@ file appears: only issuing is timed, per call, as case 3 does), on 4 and on 1 wo
 issue cost per call at 2000 pending over that at 500 in the note. Fair: the same values,
 methods, workers and cluster; raw Ray inlines such values in each task up to 100 KiB, which
 twinkle now does too (`shipping.INLINE_BYTES`). Rounds: 100 of each one-call row, 12 of the
-4-worker 1000-call rows and 40 of the 1-worker one, as a round varies by +-40% on a shared
-2-core machine (with 7, 20h's ratio moved by 0.15 between runs).
+4-worker 1000-call rows and 40 of the 1-worker one, 7 of 20i and 15 of 20j, as a round varies
+by +-40% on a shared 2-core machine (with 7, 20h's ratio moved by 0.15 between runs).
 """
 
 from __future__ import annotations
@@ -95,7 +95,9 @@ def _busy_rows(ctx: Context, four, actors, one, actor) -> list[Row]:
     """20i/20j: calls with a 2-key dict issued while the workers are busy (issue cost)."""
     value = VALUES["a 2-key dict"]
     sizes = (200, 400) if ctx.quick else (500, 1000, 2000)
-    rounds = 2 if ctx.quick else 7
+    # With 7 rounds 20j's ratio moved between 0.92 and 1.28 across runs of the same code; one
+    # worker's rounds are short (about 1 s), so it takes 15. 4 workers: 7 (4 s each).
+    rounds_of = {"20i": 7, "20j": 15} if not ctx.quick else {"20i": 2, "20j": 2}
     folder = tempfile.mkdtemp(prefix="twb-args-busy-", dir="/tmp")
     counter = itertools.count()
 
@@ -125,7 +127,10 @@ def _busy_rows(ctx: Context, four, actors, one, actor) -> list[Row]:
                 for kind in ("twinkle", "raw")
             }
             samples = interleave(
-                variants, rounds, per={k: int(k.split("-")[1]) for k in variants}, warmup=1
+                variants,
+                rounds_of[row_id],
+                per={k: int(k.split("-")[1]) for k in variants},
+                warmup=1,
             )
             med = {k: median(v) for k, v in samples.items()}
             low, mid, high = sizes[0], sizes[len(sizes) // 2], sizes[-1]
