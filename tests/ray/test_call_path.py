@@ -458,6 +458,44 @@ def test_a_collected_call_keeps_no_lock(run):
     assert pending.succeeded()
 
 
+def test_calls_held_by_user_code_keep_few_objects_for_the_garbage_collector(run):
+    """What 300 calls user code holds keep for Python's garbage collector, counted by type:
+    in flight, the call (one object: LazyCollect and source in one), its pending call, its
+    refs list and Ray's ref; once collected, the replies list and the collected value too.
+    No instance dict per pending call, however it was collected (one by one, fetched
+    together after a look, or in one `get`): each object a call keeps is one more for the
+    collector to look at and promote. Checked: without `RayPendingCall.__slots__` it fails
+    (a dict per call once collected)."""
+    import collections
+    import gc
+
+    from twinkle_core import get
+
+    probe = run["one"]
+    probe.noop()(60)  # warm caches
+
+    def tracked() -> collections.Counter:
+        gc.collect()
+        return collections.Counter(type(o).__name__ for o in gc.get_objects())
+
+    path = _release(run)
+    blocker = probe.block(path)
+    before = tracked()
+    lazies = [probe.noop() for _ in range(300)]
+    in_flight = tracked() - before
+    open(path, "w").close()
+    blocker(60)
+    for lazy in lazies[:100]:  # one by one (some fetched together by the look-ahead)
+        lazy(60)
+    get(lazies[100:], 60)
+    collected = tracked() - before
+    per_call = {k: round(n / 300) for k, n in in_flight.items() if n >= 150}
+    assert per_call == {"CallSource": 1, "RayPendingCall": 1, "list": 1, "ObjectRef": 1}, per_call
+    per_call = {k: round(n / 300) for k, n in collected.items() if n >= 150}
+    assert per_call == {"CallSource": 1, "RayPendingCall": 1, "list": 3, "ObjectRef": 1}, per_call
+    assert not hasattr(lazies[0].source.pending, "__dict__")
+
+
 # ------------------------------------------------------------------------ collecting in order
 def _all_finished(lazies) -> None:
     """Wait until every call's workers finished, without twinkle looking at them."""

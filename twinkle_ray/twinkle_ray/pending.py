@@ -139,24 +139,27 @@ _KEEP: Any = weakref.WeakKeyDictionary()
 class RayPendingCall(PendingCall):
     """One method running on some actors: one result ref per worker.
 
-    The state a call may never need starts as class attributes, set on the instance only when
-    it changes: a call in flight costs five attribute stores, not thirteen.
+    Slotted, every attribute set in `__init__`: no `__dict__` per call (an instance dict
+    appeared once a call was collected, one more object per call for the garbage collector).
     """
 
-    _failures: list[WorkerFailure] | None = None
-    _replies: list[Any] | None = None  # what the refs hold, envelopes unopened
-    _values: list[Any] | None = None
-    #: Replies of finished workers, fetched by done() (made on first use).
-    _checked: dict[int, Any] | None = None
-    #: Whether `done()` once answered True: it answers True from then on.
-    _known_done = False
-    _lock_made: threading.Lock | None = None  # made on first use (`_lock`)
-    #: Indices of the workers the last look found finished (`ask_many`), and when that look
-    #: was (monotonic seconds; never: -inf).
-    _seen: Sequence[int] = ()
-    _looked_at = -math.inf
-    #: For a relayed call: one ref per worker of its own, holding its reply (`reply_refs`).
-    _own_refs: list[Any] | None = None
+    __slots__ = (
+        "__weakref__",
+        "_checked",
+        "_failures",
+        "_known_done",
+        "_lock_made",
+        "_looked_at",
+        "_own_refs",
+        "_replies",
+        "_seen",
+        "_values",
+        "generation",
+        "method",
+        "ranks",
+        "value_refs",
+        "workers",
+    )
 
     def __init__(
         self,
@@ -174,6 +177,20 @@ class RayPendingCall(PendingCall):
         #: worker's node, whose list holds the reply (`RelayedRefs.at`).
         self.value_refs = value_refs
         self.generation = generation
+        self._failures: list[WorkerFailure] | None = None
+        self._replies: list[Any] | None = None  # what the refs hold, envelopes unopened
+        self._values: list[Any] | None = None
+        #: Replies of finished workers, fetched by done() (made on first use).
+        self._checked: dict[int, Any] | None = None
+        #: Whether `done()` once answered True: it answers True from then on.
+        self._known_done = False
+        self._lock_made: threading.Lock | None = None  # made on first use (`_lock`)
+        #: Indices of the workers the last look found finished (`ask_many`), and when that
+        #: look was (monotonic seconds; never: -inf).
+        self._seen: Sequence[int] = ()
+        self._looked_at = -math.inf
+        #: For a relayed call: one ref per worker of its own, holding its reply (`reply_refs`).
+        self._own_refs: list[Any] | None = None
 
     @property
     def _lock(self) -> threading.Lock:
