@@ -19,6 +19,14 @@ config dict per round (`dispatch='all'`: every worker gets the dict).
    `twinkle_ray/read_ahead.py`), the same with that look-ahead turned off (one `ray.get` per
    call), and with one `twinkle_core.get`; raw Ray's `ray.get` of each ref in a loop, and of
    the list.
+4. The two phases of 1000 calls issued then resolved (case 2's shape), with case 1's dict and
+   with no argument: wall time and driver thread CPU per call of issuing and of resolving,
+   twinkle's LazyCollects one by one against raw Ray's `ray.get` of the list.
+5. Raw Ray alone, 1000 calls issued then resolved with `BURST_WORK_S` of Python work per call
+   (a stand-in for what a library does per call): the work between every two `.remote()`s,
+   or done for `k` calls and their `.remote()`s then made back to back ("burst k"), against
+   the tight loop without the work. What submitting in bursts would win back; twinkle
+   submits each call as it is made.
 
     cd benchmarks && python ab_issue_path.py [--workers 4]
 """
@@ -172,6 +180,99 @@ def _collect_finished(one: Any, actors: list[Any]) -> dict[str, float]:
     return {k: statistics.median(v) * 1e6 for k, v in samples.items()}
 
 
+def _phases(one: Any, actor: Any) -> dict[str, list[float]]:
+    """Part 4: per variant, medians of (issue wall, issue CPU, resolve wall, resolve CPU), us
+    per call, of 1000 calls issued then resolved on one worker."""
+
+    def each(lazies: list[Any]) -> None:
+        for lazy in lazies:
+            lazy(300)
+
+    variants = {
+        "twinkle, dict": (lambda: [one.take(CONFIG) for _ in range(CALLS)], each),
+        "raw, dict": (
+            lambda: [actor.take.remote(CONFIG) for _ in range(CALLS)],
+            lambda refs: ray.get(refs, timeout=300),
+        ),
+        "twinkle, no argument": (lambda: [one.noop() for _ in range(CALLS)], each),
+        "raw, no argument": (
+            lambda: [actor.noop.remote() for _ in range(CALLS)],
+            lambda refs: ray.get(refs, timeout=300),
+        ),
+    }
+    samples: dict[str, list[list[float]]] = {k: [] for k in variants}
+    names = list(variants)
+    for r in range(ROUNDS + WARMUP):
+        for name in names if r % 2 else names[::-1]:
+            issue, resolve = variants[name]
+            wall, cpu = time.perf_counter(), time.thread_time()
+            made = issue()
+            issued, issued_cpu = time.perf_counter(), time.thread_time()
+            resolve(made)
+            end, end_cpu = time.perf_counter(), time.thread_time()
+            if r >= WARMUP:
+                row = [issued - wall, issued_cpu - cpu, end - issued, end_cpu - issued_cpu]
+                samples[name].append([x / CALLS * 1e6 for x in row])
+    return {k: [statistics.median(col) for col in zip(*v, strict=True)] for k, v in samples.items()}
+
+
+#: Python work per call in part 5, about what twinkle's own issue path takes.
+BURST_WORK_S = 10e-6
+
+
+def _bursts(actor: Any) -> dict[str, tuple[float, float]]:
+    """Part 5: per variant, medians of (wall, driver thread CPU while issuing), us per call."""
+
+    def spin() -> None:
+        end = time.perf_counter() + BURST_WORK_S
+        while time.perf_counter() < end:
+            pass
+
+    def tight() -> list[Any]:
+        return [actor.take.remote(CONFIG) for _ in range(CALLS)]
+
+    def between() -> list[Any]:
+        refs = []
+        for _ in range(CALLS):
+            spin()
+            refs.append(actor.take.remote(CONFIG))
+        return refs
+
+    def burst(k: int) -> Any:
+        def go() -> list[Any]:
+            refs: list[Any] = []
+            for _ in range(CALLS // k):
+                made = []
+                for _ in range(k):
+                    spin()
+                    made.append((CONFIG,))
+                refs.extend([actor.take.remote(*args) for args in made])
+            return refs
+
+        return go
+
+    variants = {
+        "tight loop (no work)": tight,
+        "work between submissions": between,
+        "burst 16": burst(16),
+        "burst 64": burst(64),
+    }
+    samples: dict[str, list[tuple[float, float]]] = {k: [] for k in variants}
+    names = list(variants)
+    for r in range(2 * ROUNDS + WARMUP):  # rounds of 1000 raw calls are short
+        for name in names if r % 2 else names[::-1]:
+            wall, cpu = time.perf_counter(), time.thread_time()
+            refs = variants[name]()
+            issued_cpu = time.thread_time() - cpu
+            ray.get(refs, timeout=300)
+            if r >= WARMUP:
+                samples[name].append(((time.perf_counter() - wall) / CALLS, issued_cpu / CALLS))
+    return {
+        k: (statistics.median(w for w, _ in v) * 1e6, statistics.median(c for _, c in v) * 1e6)
+        for k, v in samples.items()
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", type=int, default=1, help="workers of the group (1)")
@@ -189,6 +290,16 @@ def main() -> None:
         print(
             f"collecting {CALLS} finished calls, driver thread CPU per call: "
             + ", ".join(f"{k} {v:.1f} us" for k, v in collect.items())
+        )
+        for name, row in _phases(one, actors[0]).items():
+            print(
+                f"{name}: issue {row[0]:.1f} us (driver thread CPU {row[1]:.1f}), resolve "
+                f"{row[2]:.1f} us (CPU {row[3]:.1f}), in all {row[0] + row[2]:.1f} us per call"
+            )
+        bursts = _bursts(actors[0])
+        print(
+            f"raw Ray, {BURST_WORK_S * 1e6:.0f} us of work per call, issued then resolved, per "
+            "call: " + ", ".join(f"{k} {v[0]:.1f} us (CPU {v[1]:.1f})" for k, v in bursts.items())
         )
         calls = ROUNDS * CALLS
         for name, (g0, g1, g2, seconds) in _collections(one, actors).items():
