@@ -353,6 +353,53 @@ def test_a_relay_dying_alone_loses_its_calls_but_not_the_workers(
         shutdown()
 
 
+def test_a_relay_dying_while_its_workers_run_past_the_start_timeout(cluster, no_runtime, caplog):
+    """A relay killed (SIGKILL) while every worker runs a call longer than the run's start
+    timeout: the call fails with `CallLostError` at once; the workers cannot answer the
+    liveness task that would show they caught up, so after the start timeout new relays
+    start anyway (logged). A call made meanwhile waits at most that long, then runs after
+    the long call on every worker, in order, on the same processes with their state: nothing
+    hangs, restarts or runs twice."""
+    start_timeout, nap = 12.0, 20.0
+    initialize(
+        "ray",
+        address=cluster.address,
+        nproc_per_node=2,
+        groups=[DeviceGroup("spread", [0, 1, 2, 3], "cpu", max_restarts=1)],
+        name="relay-killed-busy",
+        cpus_per_worker=SPREAD,
+        start_timeout=start_timeout,
+    )
+    try:
+        recorder = Recorder(remote_group="spread")
+        old = _route(recorder)
+        assert old is not None
+        where = recorder.where()()
+        assert recorder.note("before")() == [r * 1000 + 1 for r in range(4)]
+        pid = ray.get(old.relays[1].__ray_call__.remote(lambda _: os.getpid()))
+        running = recorder.nap(nap)
+        time.sleep(1.0)  # every worker is napping
+        killed = time.monotonic()
+        os.kill(pid, signal.SIGKILL)
+        with pytest.raises(CallLostError):
+            running(60)
+        assert time.monotonic() - killed < 10.0
+        after = recorder.note("after")  # waits for the replacement, at most the start timeout
+        assert after(120) == [r * 1000 + 2 for r in range(4)]
+        took = time.monotonic() - killed
+        assert nap - 2.0 < took < nap + start_timeout + 30.0, took  # after the nap, bounded
+        assert recorder.history()() == [["before", "after"]] * 4  # each worker ran it once
+        assert recorder.where()() == where  # the same processes
+        state = group_state("spread")
+        assert (state.state, state.generation, state.restarts) == ("healthy", 0, 0), state
+        assert "did not answer within" in caplog.text, caplog.text  # the corner was reached
+        new = _route(recorder)
+        assert new is not None and new is not old
+        assert recorder.note("later")() == [r * 1000 + 3 for r in range(4)]
+    finally:
+        shutdown()
+
+
 def test_every_call_resolves_when_one_relay_returns_many_replies(cluster, no_runtime):
     """All 8 replies of a node come back in its relay's one list, each to its own rank, call
     after call (a first version, with one return value per worker, landing one after the
