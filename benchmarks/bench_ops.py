@@ -6,6 +6,7 @@ methods as a twinkle remote class. Ray workers import this module by name (the s
 from __future__ import annotations
 
 import os
+import random
 import time
 from typing import Any
 
@@ -34,6 +35,10 @@ class Ops:
         """A method with an argument, as real calls have (a config dict, token ids, ...)."""
         return 1
 
+    def sample(self, config: Any) -> float:
+        """A sampler's small step: draws from numpy's and python's global generators."""
+        return float(np.random.rand()) + random.random()
+
     def mean(self, values: Any) -> float:
         return float(np.mean(values))
 
@@ -56,6 +61,7 @@ class Bench(Ops):
     sleep = remote_function(dispatch="all")(Ops.sleep)
     block = remote_function(dispatch="all")(Ops.block)
     take = remote_function(dispatch="all", collect="none")(Ops.take)
+    sample = remote_function(dispatch="all", collect="none")(Ops.sample)
     mean = remote_function(dispatch="slice_dp", collect="mean")(Ops.mean)
     touch = remote_function(dispatch="slice_dp", collect="sum")(Ops.touch)
 

@@ -30,4 +30,5 @@ MODULES = (
     "ray_args",
     "planning_scale",
     "ray_relay",
+    "ray_colocated_calls",
 )

@@ -9,6 +9,7 @@ import time
 import numpy as np
 import pytest
 import torch
+from _support.rng import DRAWS, WHO, check_switching
 from _support.threads import from_threads, in_thread
 from _support.workers import OkOrFail
 from hypothesis import given, settings
@@ -26,120 +27,33 @@ from twinkle_core import (
     remote_function,
     shutdown,
 )
-from twinkle_core.plugin import get_rng_state, seed_everything, set_rng_state
+from twinkle_core.rng_switch import rng_switch
 from twinkle_local.env import TorchrunEnv
 from twinkle_local.planning import check_devices
 from twinkle_local.platforms import TorchCpuPlatform
-from twinkle_local.rng import RngSwitch
 
 pytestmark = pytest.mark.usefixtures("single_process")
 
 
 # --------------------------------------------------------------------------- generator switch
-DRAWS = {
-    "py_random": lambda: random.random(),
-    "py_gauss": lambda: random.gauss(0, 1),  # keeps a cached second deviate
-    "np_rand": lambda: float(np.random.rand()),
-    "np_normal": lambda: float(np.random.normal()),  # legacy gauss: cached second deviate
+#: The shared check's draws, and torch's (twinkle-local's generator in core's switch).
+TORCH_DRAWS = {
+    **DRAWS,
     "torch_rand": lambda: float(torch.rand(1)),
     "torch_randn": lambda: float(torch.randn(1)),
-    "nothing": lambda: None,
 }
-# Who draws: the driver, worker 1, worker 2, or worker 2 called from inside worker 1.
-WHO = ["driver", "w1", "w2", "w1>w2"]
 
 
-class Reference:
-    """What switching must equal: every party's full state saved and restored around each use."""
-
-    def __init__(self, states: dict[str, dict]) -> None:
-        self.states = {k: dict(v) for k, v in states.items()}
-
-    def run(self, names: list[str], draw) -> object:
-        outer = []
-        for name in names:
-            outer.append(get_rng_state())
-            set_rng_state(self.states[name])
-        try:
-            return draw()
-        finally:
-            for name in reversed(names):
-                self.states[name] = get_rng_state()
-                set_rng_state(outer.pop())
-
-
-class Fast:
-    def __init__(self, states: dict[str, dict]) -> None:
-        self.switch = RngSwitch()
-        self.parties = {k: self.switch.party(k, v) for k, v in states.items()}
-
-    def run(self, names: list[str], draw) -> object:
-        entered = []
-        for name in names:
-            party = self.parties[name]
-            entered.append((party, self.switch.enter(party)))
-        try:
-            return draw()
-        finally:
-            for party, previous in reversed(entered):
-                self.switch.leave(party, previous)
-
-
-def _states() -> dict[str, dict]:
-    """Workers built from the run's seed, one of which drew while constructed."""
-    seed_everything(11)
-    base = get_rng_state()
-    set_rng_state(base)
-    random.random(), np.random.normal(), torch.rand(2)  # worker 1's constructor draws
-    w1 = get_rng_state()
-    set_rng_state(base)
-    return {"w1": w1, "w2": base}
-
-
-def _play(impl, steps) -> list:
-    out = []
-    for who, draw in steps:
-        names = [] if who == "driver" else who.split(">")
-        out.append(impl.run(names, DRAWS[draw]) if names else DRAWS[draw]())
-    return out
+def _constructor_draws() -> None:
+    random.random(), np.random.normal(), torch.rand(2)
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(WHO), st.sampled_from(sorted(DRAWS))), max_size=40))
+@given(st.lists(st.tuples(st.sampled_from(WHO), st.sampled_from(sorted(TORCH_DRAWS))), max_size=40))
 def test_switching_draws_exactly_what_full_save_and_restore_draws(steps):
-    states = _states()
-    reference = _play(Reference(states), steps)
-    driver_after = get_rng_state()
-    states = _states()
-    fast = _play(Fast(states), steps)
-    assert fast == reference
-    after = get_rng_state()  # the driver's generators end where they would
-    assert after["python"] == driver_after["python"]
-    assert np.array_equal(after["numpy"][1], driver_after["numpy"][1])
-    assert after["numpy"][2:] == driver_after["numpy"][2:]
-    assert torch.equal(after["torch"], driver_after["torch"])
-
-
-def test_switching_touches_no_state_when_nobody_draws(monkeypatch):
-    """The per-call cost: raw fingerprints only, no python/numpy state copies."""
-    fast = Fast(_states())
-    fast.parties["w1"] = fast.switch.capture("same as the driver")
-    copies = []
-    for module, name in [(np.random, "get_state"), (np.random, "set_state")]:
-        original = getattr(module, name)
-        monkeypatch.setattr(
-            module, name, lambda *a, _o=original, _n=name: copies.append(_n) or _o(*a)
-        )
-    for name in ("getstate", "setstate"):
-        original = getattr(random.Random, name)
-        monkeypatch.setattr(
-            random.Random,
-            name,
-            lambda self, *a, _o=original, _n=name: copies.append(_n) or _o(self, *a),
-        )
-    for _ in range(10):
-        fast.run(["w1"], lambda: None)
-    assert copies == []
+    torch.rand(1)  # torch imported and drawn from before the switch sees it
+    assert any(type(g).__name__ == "TorchGenerator" for g in rng_switch().generators)
+    check_switching(steps, TORCH_DRAWS, _constructor_draws)
 
 
 # --------------------------------------------------------------------------- calls

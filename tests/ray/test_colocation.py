@@ -118,6 +118,43 @@ def test_each_colocated_object_has_generators_of_its_own(run):
         assert again[rank][1] != a_draws[rank][1]
 
 
+@remote_class()
+class TorchRole:
+    """Draws from python's, numpy's and torch's generators (torch imported by the role)."""
+
+    def __init__(self):
+        import torch
+
+        self.first = [random.random(), float(np.random.normal()), float(torch.rand(1))]
+
+    @remote_function(dispatch="all", collect="none")
+    def draws(self):
+        import torch
+
+        return [random.random(), float(np.random.normal()), float(torch.randn(1))]
+
+
+@remote_class(colocate=False)
+class TorchLoner(TorchRole):
+    pass
+
+
+def test_colocated_objects_draw_what_processes_of_their_own_draw(run):
+    """Three roles share each rank's process: the third one's python, numpy (a cached normal
+    deviate included) and torch numbers, call after call interleaved with the others' draws,
+    are those of the same role in processes of its own."""
+    a, b, c = TorchRole(remote_group="g"), TorchRole(remote_group="g"), TorchRole(remote_group="g")
+    alone = TorchLoner(remote_group="g")
+    shared, own = [], []
+    for step in range(4):
+        if step % 2:
+            a.draws()(), b.draws()()  # the neighbours draw between c's calls
+        shared.append(c.draws()())
+        own.append(alone.draws()())
+    assert shared == own
+    assert len({repr(x) for x in shared}) == 4  # each call drew new numbers
+
+
 def test_a_failed_constructor_leaves_the_group_usable(run):
     a = Role("a", remote_group="g")
     with pytest.raises(ValueError, match="broken on purpose"):

@@ -105,6 +105,19 @@ def twinkle_set_rng_state(state: dict[str, Any]) -> None:
 
 
 @hookspec
+def twinkle_random_generators() -> list[Any] | None:
+    """Return this plugin's random generators as `twinkle_core.plugin.RandomGenerator`s.
+
+    A process hosting several workers (colocated roles on Ray, the driver and its workers
+    under torchrun, in-process workers) switches their generators around each call; a
+    generator given here is switched by fingerprint (only what changed is saved and set)
+    instead of being copied through `twinkle_get_rng_state`/`twinkle_set_rng_state` twice
+    per call. Its `owns(key)` must claim every key this plugin's `twinkle_get_rng_state`
+    returns. Called once per process (and again after plugins are reloaded).
+    """
+
+
+@hookspec
 def twinkle_group_restarted(group: str, generation: int, cause: str) -> None:
     """A device group's workers were rebuilt after a death (`DeviceGroup(max_restarts=N)`):
     called once per restart on the driver, after every hosted object was constructed again

@@ -33,7 +33,7 @@ from .errors import ConfigurationError
 from .failures import WorkerFailure
 from .handoff import builtin_hand_off, colocated_source, hand_off_value, reference_memo
 from .platform import check_device_type
-from .worker import WorkerState, preserved_rng, run_method
+from .worker import WorkerState, run_method
 
 
 class InProcessWorkerGroup(WorkerGroup):
@@ -94,21 +94,20 @@ class InProcessWorkerGroup(WorkerGroup):
         originals: list[Any] = []
         failures: list[WorkerFailure] = []
         node = self.placements[0].node if self.placements else None
-        with preserved_rng():  # once per call, not once per worker
-            for call in calls:
-                args, kwargs = (call.args, call.kwargs)
-                if self.isolate:
-                    memo = handed.memo(call.rank) if handed is not None else None
-                    args, kwargs = copy_arguments(args, kwargs, memo, f"{self.class_name}.{method}")
-                with self.states[call.rank].activate(restore=False):
-                    ok, value = run_method(
-                        self.instances[call.rank], method, args, kwargs, rank=call.rank, node=node
-                    )
-                if not ok:
-                    failures.append(value)
-                    continue
-                originals.append(value)
-                results.append(copy.deepcopy(value) if self.isolate else value)
+        for call in calls:
+            args, kwargs = (call.args, call.kwargs)
+            if self.isolate:
+                memo = handed.memo(call.rank) if handed is not None else None
+                args, kwargs = copy_arguments(args, kwargs, memo, f"{self.class_name}.{method}")
+            with self.states[call.rank].activate():
+                ok, value = run_method(
+                    self.instances[call.rank], method, args, kwargs, rank=call.rank, node=node
+                )
+            if not ok:
+                failures.append(value)
+                continue
+            originals.append(value)
+            results.append(copy.deepcopy(value) if self.isolate else value)
         return InProcessCall(results, failures, originals)
 
 

@@ -67,6 +67,7 @@ from .platform import AcceleratorPlatform, CpuPlatform, detect_platform, get_pla
 from .plugins import get_plugin, registered_names
 from .portable import PortableException, portable_exception, rebuilt
 from .remote import class_options, method_options
+from .rng_switch import RandomGenerator
 from .seeding import get_rng_state, seed_everything, set_rng_state
 from .sensitive import looks_secret, secret_env_patterns
 from .slow_calls import waiting_for
@@ -116,6 +117,7 @@ __all__ = [
     "PortableException",
     "PreparedCall",
     "ProcessLink",
+    "RandomGenerator",
     "SumCollector",
     "Transport",
     "WorkerCall",

@@ -16,33 +16,72 @@ from . import trace as _trace
 from .context import WorkerContext, get_worker_context, worker_context
 from .errors import WorkerExitError
 from .failures import WorkerFailure, format_remote_traceback
+from .rng_switch import RngParty, RngSwitch, rng_switch
 from .seeding import get_rng_state, seed_everything, set_rng_state
 
 
 class WorkerState:
-    """One worker's identity and random-generator state, for `activate()` around its calls."""
+    """One worker's identity and random-generator state, for `activate()` around its calls.
+
+    The generators are moved by the process's `RngSwitch` (`rng_switch.py`), which sets and
+    saves only what differs; a worker whose state holds a generator the switch does not know
+    (a plugin saving it only through `twinkle_get_rng_state`) has every state copied instead.
+    """
+
+    __slots__ = ("_party", "_rng_state", "_switch", "context")
 
     def __init__(self, context: WorkerContext, rng_state: dict[str, Any] | None = None) -> None:
         self.context = context
-        self.rng_state = rng_state
+        self._rng_state = rng_state
+        #: The switch and the worker's party in it, once a call ran (None: not yet, or the
+        #: state holds a generator the switch does not move).
+        self._switch: RngSwitch | None = None
+        self._party: RngParty | None = None
+
+    @property
+    def rng_state(self) -> dict[str, Any] | None:
+        """The worker's generators as a `get_rng_state()` dict (None: not recorded yet)."""
+        if self._party is not None and self._switch is not None:
+            return self._switch.state_dict(self._party)
+        return self._rng_state
+
+    def party(self) -> tuple[RngSwitch, RngParty] | None:
+        """The process's switch and this worker's party in it; None when the switch cannot
+        move every generator of the worker's state (then `activate` copies them all)."""
+        switch = rng_switch()
+        if self._switch is switch:
+            return (switch, self._party) if self._party is not None else None
+        state = self.rng_state  # (from the previous switch's party, if any)
+        self._switch, self._party = switch, None
+        if switch.supported(state):
+            name = f"{self.context.group_name} rank {self.context.rank}"
+            self._party = switch.party(name, state)
+            return switch, self._party
+        self._rng_state = state
+        return None
 
     @contextlib.contextmanager
-    def activate(self, restore: bool = True) -> Iterator[WorkerContext]:
-        """Run the block as this worker; the caller's generators are restored afterwards.
-
-        With `restore=False` the caller saves and restores its own generators once around
-        several activations (see `preserved_rng`), which halves the swapping per worker.
-        """
-        outer = get_rng_state() if restore else None
-        if self.rng_state is not None:
-            set_rng_state(self.rng_state)
+    def activate(self) -> Iterator[WorkerContext]:
+        """Run the block as this worker; the caller's generators are back afterwards."""
+        found = self.party()
+        if found is not None:
+            switch, party = found
+            previous = switch.enter(party)
+            try:
+                with worker_context(self.context) as ctx:
+                    yield ctx
+            finally:
+                switch.leave(party, previous)
+            return
+        outer = get_rng_state()
+        if self._rng_state is not None:
+            set_rng_state(self._rng_state)
         try:
             with worker_context(self.context) as ctx:
                 yield ctx
         finally:
-            self.rng_state = get_rng_state()
-            if outer is not None:
-                set_rng_state(outer)
+            self._rng_state = get_rng_state()
+            set_rng_state(outer)
 
     @classmethod
     def construct(
@@ -74,16 +113,6 @@ class WorkerState:
                 name = f"{getattr(factory, '__name__', type(factory).__name__)}.__init__"
                 group, node = context.group_name, context.node_id
                 rec.worker_finished(name, group, context.rank, node, start, rec.current_call())
-
-
-@contextlib.contextmanager
-def preserved_rng() -> Iterator[None]:
-    """Save the caller's random generators and restore them when the block ends."""
-    outer = get_rng_state()
-    try:
-        yield
-    finally:
-        set_rng_state(outer)
 
 
 def worker_failure(rank: int, exc: BaseException, node: str | None) -> WorkerFailure:

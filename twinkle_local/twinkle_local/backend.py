@@ -43,7 +43,6 @@ from .options import parse_options
 from .peer_reports import leave_shutdown_note
 from .planning import plan
 from .process_groups import ProcessGroups
-from .rng import RngSwitch
 from .session import Session
 from .signals import AlertFlushOnTerm
 from .watchdog import Watchdog
@@ -65,7 +64,6 @@ class LocalBackend(ExecutionBackend):
         self.watchdog = Watchdog(session)
         self.exchanges = ExchangeQueue(session, self.watchdog, self.groups)
         self.election = AlertElection(session)
-        self.rng: RngSwitch | None = None
         self._on_term: AlertFlushOnTerm | None = None
 
     # ----------------------------------------------------------------- start
@@ -101,7 +99,6 @@ class LocalBackend(ExecutionBackend):
             if env.launched:
                 self._on_term = AlertFlushOnTerm(self._flush_alerts, session.notify_wait)
                 self._on_term.install()
-            self.rng = RngSwitch()
             self.watchdog.start(self.exchanges.progress)
         except BaseException:
             self.shutdown()
@@ -162,12 +159,7 @@ class LocalBackend(ExecutionBackend):
             exchange.start()
             outcome = exchange.finish()
         raise_construction(outcome, label, failure)
-        party = None
-        if state is not None and self.rng is not None and self.rng.supported(state.rng_state):
-            party = self.rng.party(f"{label} rank {env.rank}", state.rng_state)
-        return LocalWorkerGroup(
-            self, group, device_mesh, cls, num_workers, where, instance, state, party
-        )
+        return LocalWorkerGroup(self, group, device_mesh, cls, num_workers, where, instance, state)
 
     def create_collective_group(self, group, workers) -> None:
         """Members are workers of this job's processes (worker r in process r); processes meet

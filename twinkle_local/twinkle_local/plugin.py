@@ -66,3 +66,11 @@ def twinkle_set_rng_state(state: dict[str, Any]) -> None:
     from .seeding import set_torch_rng_state
 
     set_torch_rng_state(state)
+
+
+@hookimpl
+def twinkle_random_generators() -> list[Any]:
+    """torch's generators, switched by fingerprint between the workers a process hosts."""
+    from .rng import TorchGenerator
+
+    return [TorchGenerator()]

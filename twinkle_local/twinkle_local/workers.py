@@ -54,7 +54,6 @@ from .transports import decide
 
 if TYPE_CHECKING:
     from .exchange_queue import ExchangeQueue
-    from .rng import Party, RngSwitch
     from .session import Session
     from .watchdog import Watchdog
 
@@ -70,8 +69,6 @@ class Host(Protocol):
     exchanges: ExchangeQueue
     #: Bounds the methods' run by their timeouts and tells where they are.
     watchdog: Watchdog
-    #: The fast switch between the driver's and the workers' random generators.
-    rng: RngSwitch | None
 
 
 class LocalWorkerGroup(WorkerGroup):
@@ -87,7 +84,6 @@ class LocalWorkerGroup(WorkerGroup):
         placements: list[WorkerPlacement],
         instance: Any,
         state: WorkerState | None,
-        party: Party | None = None,
     ) -> None:
         super().__init__(group, device_mesh, cls.__name__, size, placements)
         self.host = host
@@ -95,8 +91,6 @@ class LocalWorkerGroup(WorkerGroup):
         self.instance = instance
         #: This process's worker (its context and random generators); None when idle.
         self.state = state
-        #: The worker's generators for the run's fast switch (None: core's activate()).
-        self.party = party
         self._timeouts: dict[str, float | None] = {}
         self._transports: dict[str, tuple[str, bool]] = {}
         self._reps: dict[tuple, tuple[DeviceMesh, frozenset[int]]] = {}
@@ -232,11 +226,11 @@ class LocalWorkerGroup(WorkerGroup):
             memo = shared.memo() if keep and shared is not None else {}
             args, kwargs = copy_arguments(args, kwargs, memo, f"{self.class_name}.{method}")
         timeout = self.method_timeout(method)
-        rng = host.rng
-        party = self.party
-        if party is None or rng is None:
+        found = self.state.party()  # the process's generator switch and this worker in it
+        if found is None:
             with self.state.activate() as ctx:
                 return (*self._bounded(method, call, info, timeout, args, kwargs, ctx), None)
+        rng, party = found
         previous = rng.enter(party)
         try:
             with worker_context(self.state.context) as ctx:
