@@ -37,7 +37,7 @@ from twinkle_core.plugin import (
 from . import collective as ray_collective
 from . import health_board, relay, transports
 from . import tracing as ray_tracing
-from .actor import ActorBoot, actor_class_for
+from .actor import ActorBoot, actor_class_for, call_key
 from .cluster import ClusterConnection
 from .envvars import passthrough_patterns, select
 from .hosts import Hosts, Member
@@ -463,7 +463,7 @@ class RayBackend(ExecutionBackend):
             workers = member.workers
             ranks = list(range(workers.size))
             refs = [
-                handle._tw_call.remote(member.slot, "on_restart", False, generation)
+                handle._tw_call.remote(call_key(member.slot, "on_restart", False), generation)
                 for handle in workers.handles
             ]
             pending = RayPendingCall(workers, "on_restart", ranks, refs, generation)

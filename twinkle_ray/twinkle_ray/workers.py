@@ -45,7 +45,7 @@ from twinkle_core.plugin import (
 )
 
 from . import transfer as _transfer
-from .actor import RESERVED_PREFIX
+from .actor import RESERVED_PREFIX, call_key
 from .deaths import DEATH_ERRORS, how_it_died
 from .payload_check import all_plain_data, checked_arguments
 from .pending import RayPendingCall, keep_until_done
@@ -359,17 +359,17 @@ class RayWorkerGroup(WorkerGroup):
                     method if not has_remote and method in self.direct else f"{RESERVED_PREFIX}call"
                 )
                 if name != method:
-                    shipped = [((self.slot, method, has_remote, *a), k) for a, k in shipped]
+                    key = call_key(self.slot, method, has_remote)
+                    shipped = [((key, *a), k) for a, k in shipped]
                 return route.send(name, [c.rank for c in calls], shipped)
             if not has_remote and method in self.direct:
                 return [
                     self.actor_method(call.rank, method).remote(*args, **kwargs)
                     for call, (args, kwargs) in zip(calls, shipped, strict=True)
                 ]
+            key = call_key(self.slot, method, has_remote)
             return [
-                self.actor_method(call.rank, f"{RESERVED_PREFIX}call").remote(
-                    self.slot, method, has_remote, *args, **kwargs
-                )
+                self.actor_method(call.rank, f"{RESERVED_PREFIX}call").remote(key, *args, **kwargs)
                 for call, (args, kwargs) in zip(calls, shipped, strict=True)
             ]
 
