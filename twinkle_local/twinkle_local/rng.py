@@ -58,6 +58,9 @@ class TorchGenerator(RandomGenerator):
             return _tensor_bytes(self.generator.get_state())
         if not self.decided:
             self._decide()
+            if not self.decided:  # torch not imported: at most a pending seed, no tensors
+                state = get_torch_rng_state()
+                return tuple(state.items()) if state else None
             if self.generator is not None:
                 return _tensor_bytes(self.generator.get_state())
         return self.fingerprint(get_torch_rng_state())
@@ -84,9 +87,10 @@ class TorchGenerator(RandomGenerator):
 
 
 def _tensor_bytes(value: Any) -> Any:
+    """A tensor's raw bytes (of lists and tuples, each item's); other values as they are."""
     if isinstance(value, (list, tuple)):
         return tuple(_tensor_bytes(v) for v in value)
-    try:
-        return ctypes.string_at(value.data_ptr(), value.numel() * value.element_size())
-    except AttributeError:  # not a tensor
+    data_ptr = getattr(value, "data_ptr", None)
+    if data_ptr is None:  # not a tensor (a pending seed's numbers)
         return value
+    return ctypes.string_at(data_ptr(), value.numel() * value.element_size())
