@@ -27,6 +27,14 @@ config dict per round (`dispatch='all'`: every worker gets the dict).
    or done for `k` calls and their `.remote()`s then made back to back ("burst k"), against
    the tight loop without the work. What submitting in bursts would win back; twinkle
    submits each call as it is made.
+6. Where the CPU goes, by process and thread: 1000 calls issued then resolved (case 2's
+   shape, case 1's dict), twinkle's LazyCollects one by one against raw Ray's `ray.get` of
+   the list, in alternating rounds; per call, the CPU of the driver's main thread, of the
+   driver's other (Ray's) threads, and of the worker process that ran the calls (twinkle's
+   actor, or the plain one), read from each thread's `/proc/<pid>/task/<tid>/schedstat`
+   (nanoseconds on the CPU; psutil's clock ticks where the kernel keeps no schedstat).
+   On a 2-core machine the processes share the cores, so every microsecond of CPU in any of
+   them is about half a microsecond of wall time.
 
     cd benchmarks && python ab_issue_path.py [--workers 4]
 """
@@ -35,8 +43,10 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 import statistics
 import sys
+import threading
 import time
 from typing import Any
 
@@ -273,6 +283,68 @@ def _bursts(actor: Any) -> dict[str, tuple[float, float]]:
     }
 
 
+def _thread_cpu(pid: int) -> dict[int, float]:
+    """Seconds on the CPU of each thread of process `pid`, by thread id."""
+    folder = f"/proc/{pid}/task"
+    out: dict[int, float] = {}
+    try:
+        tids = os.listdir(folder)
+    except OSError:
+        tids = []
+    for tid in tids:
+        try:
+            with open(f"{folder}/{tid}/schedstat") as f:
+                out[int(tid)] = int(f.read().split()[0]) / 1e9
+        except (OSError, ValueError, IndexError):
+            pass
+    if not out:  # no schedstat in this kernel: psutil's per-thread user + system ticks
+        import psutil
+
+        for t in psutil.Process(pid).threads():
+            out[t.id] = t.user_time + t.system_time
+    return out
+
+
+def _cpu_by_thread(one: Any, actor: Any) -> dict[str, dict[str, float]]:
+    """Part 6: per variant, median us of CPU per call of the driver's main thread, its other
+    threads, and the worker process that ran the calls."""
+    hosted = one.__dict__["_twinkle_binding"].workers.handles[0]  # a diagnostic reaches in
+    worker_pid = {
+        "twinkle": ray.get(hosted.__ray_call__.remote(lambda self: os.getpid()), timeout=60),
+        "raw": ray.get(actor.__ray_call__.remote(lambda self: os.getpid()), timeout=60),
+    }
+    driver, main_tid = os.getpid(), threading.get_native_id()  # run from the main thread
+
+    def twinkle() -> None:
+        for lazy in [one.take(CONFIG) for _ in range(CALLS)]:
+            lazy(300)
+
+    def raw() -> None:
+        ray.get([actor.take.remote(CONFIG) for _ in range(CALLS)], timeout=300)
+
+    variants = {"twinkle": twinkle, "raw": raw}
+    samples: dict[str, list[dict[str, float]]] = {k: [] for k in variants}
+    for r in range(2 * ROUNDS + WARMUP):
+        for name in variants if r % 2 else reversed(variants):
+            before_d, before_w = _thread_cpu(driver), _thread_cpu(worker_pid[name])
+            start = time.perf_counter()
+            variants[name]()
+            wall = time.perf_counter() - start
+            after_d, after_w = _thread_cpu(driver), _thread_cpu(worker_pid[name])
+            if r < WARMUP:
+                continue
+            spent = {t: after_d[t] - before_d.get(t, 0.0) for t in after_d}
+            main = spent.pop(main_tid, 0.0)
+            worker = sum(after_w[t] - before_w.get(t, 0.0) for t in after_w)
+            row = {"wall": wall, "driver main": main, "driver other": sum(spent.values())}
+            row["worker"] = worker
+            samples[name].append({k: v / CALLS * 1e6 for k, v in row.items()})
+    return {
+        name: {k: statistics.median(s[k] for s in rows) for k in rows[0]}
+        for name, rows in samples.items()
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", type=int, default=1, help="workers of the group (1)")
@@ -307,6 +379,12 @@ def main() -> None:
                 f"{name}: {calls} calls issued then resolved: collections of generation 0/1/2 "
                 f"{g0:.0f}/{g1:.0f}/{g2:.0f}, {seconds * 1e3:.0f} ms "
                 f"({seconds / calls * 1e6:.1f} us per call)"
+            )
+        for name, row in _cpu_by_thread(one, actors[0]).items():
+            print(
+                f"{name}: CPU per call issued then resolved: "
+                + ", ".join(f"{k} {v:.1f} us" for k, v in row.items() if k != "wall")
+                + f" (wall {row['wall']:.1f} us)"
             )
 
 

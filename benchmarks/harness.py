@@ -114,20 +114,25 @@ def fmt_time(seconds: float | None) -> str:
 
 @contextlib.contextmanager
 def ab_session(value: Any, workers: int = 1) -> Iterator[tuple[Any, list[Any]]]:
-    """For the A/B scripts beside the suite (`ab_*.py`): an embedded Ray cluster, a twinkle
-    group `ab` of `workers` running `bench_ops.Bench` and as many plain actors of
-    `bench_ops.Ops`, all warmed up with one `take(value)`; yields (the twinkle object, the
-    actors) and shuts both down after."""
+    """For the A/B scripts beside the suite (`ab_*.py`): an embedded Ray cluster started as
+    the suite starts its own (`start_ray`: workers at the driver's niceness, as in a cluster
+    twinkle starts), a twinkle group `ab` of `workers` running `bench_ops.Bench` and as many
+    plain actors of `bench_ops.Ops`, all warmed up with one `take(value)`; yields (the
+    twinkle object, the actors) and shuts both down after.
+
+    Before session 28 this called `ray.init` itself, so its workers ran at Ray's default
+    niceness of 15 under a driver at 0, unlike the suite's and twinkle's own clusters (nice
+    0): the scheduler then favoured the driver over the worker it competes with for the two
+    cores, and figures measured here differed from the suite's (`ab_issue_path.py`)."""
     import ray
     from bench_ops import Bench, Ops
 
     from twinkle_core import DeviceGroup, initialize, shutdown
 
-    here = os.path.dirname(os.path.abspath(__file__))
-    ray.init(num_cpus=4, include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": here}})
+    temp_dir = start_ray(num_cpus=4)
     cpus = 1 if workers == 1 else 0.5
-    initialize(mode="ray", groups=[DeviceGroup("ab", workers)], cpus_per_worker=cpus)
     try:
+        initialize(mode="ray", groups=[DeviceGroup("ab", workers)], cpus_per_worker=cpus)
         group = Bench(remote_group="ab")
         actors = [ray.remote(num_cpus=cpus)(Ops).remote() for _ in range(workers)]
         group.take(value)()
@@ -135,7 +140,7 @@ def ab_session(value: Any, workers: int = 1) -> Iterator[tuple[Any, list[Any]]]:
         yield group, actors
     finally:
         shutdown()
-        ray.shutdown()
+        stop_ray(temp_dir)
 
 
 def issue_while_busy(group: Any, path: str, call: Callable[[], Any], n: int) -> float:
