@@ -379,6 +379,23 @@ def test_small_results_come_back_as_themselves(run):
     assert not any(isinstance(r, Stored) for r in pending._replies)
 
 
+class Held:
+    """A user's own class that happens to share a name with twinkle's `Held` envelope."""
+
+    def __init__(self, value: int) -> None:
+        self.value = value
+        self.meta = "not twinkle's"
+
+
+def test_a_users_result_named_like_an_envelope_comes_back_as_itself(run):
+    """Envelopes are told by their class, not by its name: a result of a user's class called
+    `Held` is not taken for twinkle's held tensors (which would try to receive it)."""
+    results = run["four"].echo(Held(7))(60)
+    assert [type(r).__name__ for r in results] == ["Held"] * 4
+    assert [(r.value, r.meta) for r in results] == [(7, "not twinkle's")] * 4
+    assert type(results[0]) is not Stored
+
+
 def test_large_results_stay_in_the_object_store_until_collected(run):
     n = STORE_BYTES // 8 + 1000  # just above the threshold, in float64
     lazy = run["four"].large(n)
@@ -417,7 +434,8 @@ def test_replies_fetched_by_two_threads_are_kept_and_noted_once():
     (`fetch_finished`, `fetch_many`) may both fetch its replies: whichever keeps them first
     wins, every thread gets those same replies, and they are noted (`received`: fallbacks,
     held results' drops) once. Noting takes a while here, so that a thread noting before it
-    keeps (the first version) lets the others in."""
+    keeps (the first version) lets the others in. Replies with no envelope among them have
+    nothing to note, and are not looked at again."""
     import threading
 
     class Counted(pending_module.RayPendingCall):
@@ -436,7 +454,7 @@ def test_replies_fetched_by_two_threads_are_kept_and_noted_once():
 
         def keep(i: int, call=call, barrier=barrier, kept=kept) -> None:
             barrier.wait()
-            kept.append(call._keep([i]))
+            kept.append(call._keep([Stored(None, i)]))  # an envelope: noted when kept
 
         threads = [threading.Thread(target=keep, args=(i,)) for i in range(4)]
         for t in threads:
@@ -445,6 +463,9 @@ def test_replies_fetched_by_two_threads_are_kept_and_noted_once():
             t.join()
         assert Counted.noted == 1
         assert len(kept) == 4 and all(k is call._replies for k in kept)
+    plain = Counted(types.SimpleNamespace(ahead=None), "m", (0,), [None])
+    Counted.noted = 0
+    assert plain._keep([1]) == [1] and Counted.noted == 0
 
 
 def test_a_collected_call_keeps_no_lock(run):

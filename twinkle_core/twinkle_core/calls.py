@@ -6,6 +6,7 @@ create workers and run what they are told on them.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -191,9 +192,10 @@ def call_mesh(targets: list[int], workers: WorkerGroup) -> DeviceMesh:
     return DeviceMesh.from_sizes(dp_size=len(targets))
 
 
-def _wait_text(method: str, workers: WorkerGroup, call_site: Any, deadline: float | None) -> str:
+def _wait_text(call: CallSource, deadline: float | None) -> str:
+    """What a wait for `call` shows (built only if the wait lasts long enough to be shown)."""
     limit = "" if deadline is None else f", timeout {deadline:g} s"
-    return f"{method} on group {workers.group.name!r} (called at {call_site}{limit})"
+    return f"{call.method} on group {call.workers.group.name!r} (called at {call.call_site}{limit})"
 
 
 class CallSource(LazyCollect):
@@ -275,23 +277,27 @@ class CallSource(LazyCollect):
             recorder.collect_span(call_id, start, self.method, self.workers.group.name)
 
     def _collect_now(self, timeout: float | None) -> Any:
-        spec, call_site = self.spec, self.call_site
-        workers, pending, collector = self.workers, self.pending, self.collector
-        mesh, method = self.device_mesh, self.method
+        # Runs on every collected call: few Python calls on the way (`method` is formatted
+        # only for an error, the wait is registered with two plain calls, not a `with`).
+        spec, pending = self.spec, self.pending
         deadline = timeout if timeout is not None else spec.timeout
         overran = spec.timeout is not None and self.took > spec.timeout
         try:
             if overran and pending.done():
                 raise CallTimeoutError(
-                    f"{method} on group {workers.group.name!r} did not finish within its "
-                    f"timeout={spec.timeout:g}s (it ran for {self.took:.3g}s "
+                    f"{self.method} on group {self.workers.group.name!r} did not finish "
+                    f"within its timeout={spec.timeout:g}s (it ran for {self.took:.3g}s "
                     "while being submitted)"
                 )
             # No `done()` check first: for some backends (Ray) asking costs more than a wait
             # that ends at once; the description is built only if the wait is shown.
-            with _slow_calls.waiting_for(lambda: _wait_text(method, workers, call_site, deadline)):
-                return pending.collect(collector, mesh, deadline)
+            token = _slow_calls.enter(functools.partial(_wait_text, self, deadline))
+            try:
+                return pending.collect(self.collector, self.device_mesh, deadline)
+            finally:
+                _slow_calls.leave(token)
         except WorkersFailedError as errors:
+            workers, method, call_site = self.workers, self.method, self.call_site
             failure = CallFailure(
                 run_name=self.binding.run_name,
                 method=method,
@@ -301,6 +307,7 @@ class CallSource(LazyCollect):
                 mode=self.binding.mode,
             )
         except CallTimeoutError as exc:
+            workers, method, call_site = self.workers, self.method, self.call_site
             tag = CALLER_TAG.format(site=call_site)
             if exc.args and isinstance(exc.args[0], str) and not exc.args[0].startswith(tag):
                 exc.args = (f"{tag} {method}: {exc.args[0]}", *exc.args[1:])
@@ -310,9 +317,9 @@ class CallSource(LazyCollect):
         except TwinkleError:
             raise
         except Exception as exc:  # the collector could not combine the results
-            tag = CALLER_TAG.format(site=call_site)
+            tag, strategy = CALLER_TAG.format(site=self.call_site), self.collector
             raise CollectError(
-                f"{tag} {method}: collect={_strategy_name(collector)!r} could not combine "
+                f"{tag} {self.method}: collect={_strategy_name(strategy)!r} could not combine "
                 f"the workers' results: {type(exc).__name__}: {exc}. Return values it can "
                 "combine (numbers, arrays or tensors for 'mean'/'sum'), or use collect='none'"
             ) from exc
@@ -355,7 +362,14 @@ def invoke(
     rec = _trace.RECORDER  # None unless a trace is recorded: all the off path costs
     if rec is not None:
         call_id, traced_at = rec.begin_call()
-    targets = target_ranks(spec.execute, workers)
+    if spec.execute == "all":  # the common case: `target_ranks` and `call_mesh`, inline
+        targets = list(range(workers.size))
+        mesh = workers.device_mesh
+        if mesh.world_size != len(targets):
+            mesh = DeviceMesh.from_sizes(dp_size=len(targets))
+    else:
+        targets = target_ranks(spec.execute, workers)
+        mesh = call_mesh(targets, workers)
     prepared = PreparedCall(spec.name, dispatcher)
     # Plain data (a config dict, token ids) holds no LazyCollect: not walked (`plain.py`).
     if args:
@@ -365,7 +379,6 @@ def invoke(
             args = _resolve_lazy(args, workers, prepared)
     if kwargs and not is_plain_data(kwargs):
         kwargs = _resolve_lazy(kwargs, workers, prepared)
-    mesh = call_mesh(targets, workers)
     per_worker = dispatcher.dispatch(args, kwargs, len(targets), mesh)
     if not isinstance(per_worker, list) or len(per_worker) != len(targets):
         raise ConfigurationError(

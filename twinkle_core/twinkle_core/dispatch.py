@@ -48,7 +48,7 @@ class AllDispatcher(Dispatcher):
     def dispatch(
         self, args: tuple, kwargs: dict, n_workers: int, device_mesh: DeviceMesh
     ) -> WorkerArgs:
-        return [(args, kwargs) for _ in range(n_workers)]
+        return [(args, kwargs)] * n_workers  # the same pair for each: read, never changed
 
 
 def _even_slice(total: int, parts: int, index: int) -> slice:
@@ -79,7 +79,7 @@ class SliceDispatcher(Dispatcher):
                 # No list to split (a config dict, an array): every worker gets the arguments
                 # as given, the very args tuple, which tells a backend it is the one core
                 # already found plain data (`PreparedCall.plain_args`).
-                return [(args, kwargs) for _ in range(n_workers)]
+                return [(args, kwargs)] * n_workers  # the same pair for each: read, never changed
         _same_lengths(
             [(f"argument {i}", a) for i, a in enumerate(args) if isinstance(a, list)]
             + [(f"argument {k!r}", v) for k, v in kwargs.items() if isinstance(v, list)],

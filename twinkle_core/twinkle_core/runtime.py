@@ -245,7 +245,9 @@ class Runtime:
         if self._watcher is None:
             self._start_watching()
         with self._lock:
-            lazy.watch(self._pending, now)
+            # `lazy.watch(self._pending, now)`, inline: this runs on every call.
+            lazy._since, lazy._watched = now, self._pending
+            self._pending[id(lazy)] = lazy
             look = now >= self._next_look
             if look:
                 self._next_look = now + self.LOOK_EVERY_S

@@ -22,6 +22,7 @@ imports this module, never the other way round.
 from __future__ import annotations
 
 import collections
+import itertools
 import math
 import threading
 import time
@@ -47,7 +48,7 @@ from .node_reduce import NOT_REDUCED, reduce_per_node
 from .read_ahead import ReadAhead
 from .relay import NOT_REPORTED, RelayedRefs, RelayFailed, StillRunning, slot_of
 from .tracing import link_ids
-from .transfer import ResultMeta, Stored, is_envelope, meta_of, opened_ref
+from .transfer import ENVELOPE_TYPES, ResultMeta, Stored, is_envelope, meta_of, opened_ref
 from .transports import Held, track
 
 #: After the first failure of a call, how long to keep looking for other ranks failing with
@@ -242,8 +243,10 @@ class RayPendingCall(PendingCall):
             now = time.monotonic()
             ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)
             found = set(ready)
+            is_found = found.__contains__
             for call in batch:
-                seen = tuple([i for i, ref in enumerate(call.value_refs) if ref in found])
+                own = call.value_refs  # the indices of those found, picked in C
+                seen = tuple(itertools.compress(range(len(own)), map(is_found, own)))
                 call._seen, call._looked_at = seen, now
                 if len(seen) == len(call.value_refs) and not call._known_done:
                     call._known_done = True
@@ -405,8 +408,10 @@ class RayPendingCall(PendingCall):
             if kept is None:
                 self._replies = kept = replies
         if kept is replies:
-            self._forget()
-            self.received(replies)
+            if not self._known_done:  # else `done()` or `ask_many` forgot it already
+                self._forget()
+            if not ENVELOPE_TYPES.isdisjoint(map(type, replies)):  # most replies: none
+                self.received(replies)
         return kept
 
     def _forget(self) -> None:
@@ -464,9 +469,9 @@ class RayPendingCall(PendingCall):
 
     def _open(self, replies: list[Any], deadline: float | None) -> list[Any]:
         """The results, envelopes of large ones opened (one more `ray.get` for all of them)."""
-        stored = [i for i, reply in enumerate(replies) if is_envelope(reply)]
-        if not stored:
+        if ENVELOPE_TYPES.isdisjoint(map(type, replies)):  # the common case, decided in C
             return replies
+        stored = [i for i, reply in enumerate(replies) if is_envelope(reply)]
         values = list(replies)
         refs = [opened_ref(replies[i]) for i in stored]
         timeout = None if deadline is None else max(0.0, deadline - time.monotonic())

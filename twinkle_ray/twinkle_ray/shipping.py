@@ -11,6 +11,7 @@ are left exactly as they are.
 from __future__ import annotations
 
 import collections
+import operator
 from typing import Any
 
 import ray
@@ -124,10 +125,14 @@ class Shipper:
         return tuple(self.ship(a) for a in args), {k: self.ship(v) for k, v in kwargs.items()}
 
 
+#: A `WorkerCall`'s (args, kwargs).
+_ARGS_AND_KWARGS = operator.itemgetter(1, 2)
+
+
 def ship_all(calls: list[WorkerCall]) -> list[tuple[tuple, dict]]:
     """Each call's arguments, large objects shared between calls put in the object store
     once; everything else exactly as given."""
-    per_call = [(c.args, c.kwargs) for c in calls]
+    per_call = list(map(_ARGS_AND_KWARGS, calls))  # (args, kwargs) of each, made in C
     if len(calls) < 2:
         return per_call
     if _all_small_and_the_same(calls):

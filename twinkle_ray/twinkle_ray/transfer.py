@@ -35,6 +35,8 @@ import ray
 
 from twinkle_core.plugin import is_array_like
 
+from .transports import Held
+
 _registered = threading.local()
 _lock = threading.Lock()
 _registered_in_process = False
@@ -347,9 +349,14 @@ def pack_result(
     return Stored(result_meta(value), ray.put(value), why)
 
 
+#: The reply types that stand for a result kept elsewhere. Told by class, never by name: a
+#: user's result of a class that happens to be called `Held` is a result like any other.
+ENVELOPE_TYPES = frozenset({Stored, Held})
+
+
 def is_envelope(value: Any) -> bool:
     """Whether a reply stands for a result kept elsewhere (`Stored` or `Held`)."""
-    return type(value) is Stored or type(value).__name__ == "Held"
+    return type(value) in ENVELOPE_TYPES
 
 
 def opened_ref(value: Any) -> Any:

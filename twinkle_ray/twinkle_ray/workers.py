@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import collections
 import logging
+import operator
+import sys
 import threading
 from typing import Any
 
@@ -55,6 +57,9 @@ from .relay import unregister
 from .shipping import ship_all
 from .transfer import placeholder_refs, register_tensor_serializer
 from .transports import before_submit, held_replies
+
+#: A `WorkerCall`'s rank (its first field), read in C.
+_RANK = operator.itemgetter(0)
 
 log = logging.getLogger("twinkle")
 
@@ -290,7 +295,8 @@ class RayWorkerGroup(WorkerGroup):
                     for c in calls
                 ],
             )
-        if not _transfer._registered_in_process:  # once per process: no call each time
+        # Once per process, when torch is there: no call each time (nor while it is not).
+        if not _transfer._registered_in_process and "torch" in sys.modules:
             register_tensor_serializer()
         rdt = None
         producers: tuple = ()
@@ -316,7 +322,7 @@ class RayWorkerGroup(WorkerGroup):
         if producers:
             keep_until_done(refs, producers)
         # The ranks as a tuple of ints, which the garbage collector stops tracking.
-        pending = RayPendingCall(self, method, tuple([c.rank for c in calls]), refs, self.restarts)
+        pending = RayPendingCall(self, method, tuple(map(_RANK, calls)), refs, self.restarts)
         ahead = self.ahead
         if ahead is not None:
             ahead.issued(pending)
@@ -363,8 +369,11 @@ class RayWorkerGroup(WorkerGroup):
                     shipped = [((key, *a), k) for a, k in shipped]
                 return route.send(name, [c.rank for c in calls], shipped)
             if not has_remote and method in self.direct:
+                bound = self._methods  # `actor_method`'s cache, read inline: on every call
                 return [
-                    self.actor_method(call.rank, method).remote(*args, **kwargs)
+                    (bound.get((call.rank, method)) or self.actor_method(call.rank, method)).remote(
+                        *args, **kwargs
+                    )
                     for call, (args, kwargs) in zip(calls, shipped, strict=True)
                 ]
             key = call_key(self.slot, method, has_remote)
