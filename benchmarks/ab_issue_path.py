@@ -35,6 +35,12 @@ config dict per round (`dispatch='all'`: every worker gets the dict).
    (nanoseconds on the CPU; psutil's clock ticks where the kernel keeps no schedstat).
    On a 2-core machine the processes share the cores, so every microsecond of CPU in any of
    them is about half a microsecond of wall time.
+7. What work between two submissions costs the next one: 1000 `.remote()`s of twinkle's actor
+   method, each after some work, in alternating rounds; per call, the driver thread's CPU of
+   the work and of the `.remote()` after it (`time.thread_time` around each, so about 0.6 us
+   of each figure is the clock's own). The work: none ("tight"), making 8 small dicts, walking
+   256 KiB or 4 MiB of memory (every 64th byte: one read per cache line), and a twinkle call
+   with Ray's submission stubbed (twinkle's own Python, as in part 1).
 
     cd benchmarks && python ab_issue_path.py [--workers 4]
 """
@@ -359,6 +365,58 @@ def _cpu_by_thread(one: Any, actor: Any) -> dict[str, dict[str, float]]:
     }
 
 
+#: Part 7's memory walks: bytes, and a buffer as large as the largest.
+WALKS = {"walk 256 KiB": 256 * 1024, "walk 4 MiB": 4 * 1024 * 1024}
+
+
+def _work_then_submit(one: Any, method: Any) -> dict[str, tuple[float, float]]:
+    """Part 7: per kind of work, medians of (CPU of the work, CPU of the `.remote()` after
+    it), us per call."""
+    group = one.__dict__["_twinkle_binding"].workers  # a diagnostic reaches in
+    stub = _Finished(method.remote(CONFIG))
+    ray.get(stub.ref)
+    memory = bytearray(max(WALKS.values()))
+    cached = group._methods
+
+    def walk(size: int):
+        return lambda: sum(memory[:size:64])
+
+    works = {
+        "tight": lambda: None,
+        "8 small dicts": lambda: [{"a": i, "b": i, "c": (i, i)} for i in range(8)],
+        **{name: walk(size) for name, size in WALKS.items()},
+        "twinkle, stubbed": lambda: one.take(CONFIG),
+    }
+    clock = time.thread_time
+    samples: dict[str, list[tuple[float, float]]] = {k: [] for k in works}
+    names = list(works)
+    for r in range(ROUNDS + WARMUP):
+        for name in names if r % 2 else names[::-1]:
+            work, stubbed = works[name], name.startswith("twinkle")
+            refs, kept, spent, submitted = [], [], 0.0, 0.0
+            for _ in range(CALLS):
+                if stubbed:
+                    group.actor_method = lambda rank, method: stub  # undone below
+                    group._methods = _AllStub(stub)
+                start = clock()
+                kept.append(work())
+                mid = clock()
+                if stubbed:
+                    del group.actor_method
+                    group._methods = cached
+                between = clock()
+                refs.append(method.remote(CONFIG))
+                spent, submitted = spent + mid - start, submitted + clock() - between
+            ray.get(refs, timeout=300)
+            [x(300) for x in kept if callable(x)]
+            if r >= WARMUP:
+                samples[name].append((spent / CALLS * 1e6, submitted / CALLS * 1e6))
+    return {
+        k: (statistics.median(a for a, _ in v), statistics.median(b for _, b in v))
+        for k, v in samples.items()
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", type=int, default=1, help="workers of the group (1)")
@@ -393,6 +451,11 @@ def main() -> None:
                 f"{name}: {calls} calls issued then resolved: collections of generation 0/1/2 "
                 f"{g0:.0f}/{g1:.0f}/{g2:.0f}, {seconds * 1e3:.0f} ms "
                 f"({seconds / calls * 1e6:.1f} us per call)"
+            )
+        for name, (work, submit) in _work_then_submit(one, methods[0]).items():
+            print(
+                f"{name}: the work {work:.1f} us of driver thread CPU, the .remote() after it "
+                f"{submit:.1f} us"
             )
         for name, row in _cpu_by_thread(one, actors[0]).items():
             print(
