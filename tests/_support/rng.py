@@ -59,16 +59,26 @@ class Reference:
 
 
 class Workers:
-    """The same through `WorkerState.activate`, the path every backend's workers take."""
+    """The same through `WorkerState.activate`, the path every backend's workers take.
 
-    def __init__(self, states: dict[str, dict]) -> None:
+    `keep=True` is a Ray actor's way (a process running nothing but its workers' calls): a
+    worker's generators stay in place after its call, and the process's own draws (slot 0's
+    calls) first put the process's back (`restore_process_generators`)."""
+
+    def __init__(self, states: dict[str, dict], keep: bool = False) -> None:
         self.workers = {k: WorkerState(context(i), v) for i, (k, v) in enumerate(states.items())}
+        self.keep = keep
 
     def run(self, names: list[str], draw) -> object:
+        if not names and self.keep:  # the process's own call
+            WorkerState.restore_process_generators()
+        return self._nested(names, draw)
+
+    def _nested(self, names: list[str], draw) -> object:
         if not names:
             return draw()
-        with self.workers[names[0]].activate():
-            return self.run(names[1:], draw)
+        with self.workers[names[0]].activate(keep=self.keep):
+            return self._nested(names[1:], draw)
 
 
 def play(impl, steps, draws: dict[str, Callable[[], object]]) -> list:
@@ -97,13 +107,18 @@ def same_states(a: dict, b: dict) -> None:
             assert _equal(a[key], b[key]), key
 
 
-def check_switching(steps, draws, constructor_draws) -> None:
-    """The property: the same numbers, and the process's and workers' states end alike."""
+def check_switching(steps, draws, constructor_draws, keep: bool = False) -> None:
+    """The property: the same numbers, and the process's and workers' states end alike
+    (`keep`: workers leave their generators in place, `Workers`)."""
     reference = Reference(worker_states(constructor_draws))
     expected = play(reference, steps, draws)
     process_after = get_rng_state()
-    workers = Workers(worker_states(constructor_draws))
-    assert play(workers, steps, draws) == expected
+    workers = Workers(worker_states(constructor_draws), keep)
+    try:
+        assert play(workers, steps, draws) == expected
+    finally:
+        if keep:  # the process's own generators back for what runs next
+            WorkerState.restore_process_generators()
     same_states(get_rng_state(), process_after)
     for name, worker in workers.workers.items():
         state = worker.rng_state

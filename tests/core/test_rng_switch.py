@@ -43,6 +43,46 @@ def test_workers_draw_exactly_what_full_save_and_restore_draws(steps):
     check_switching(steps, DRAWS, _constructor_draws)
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["process", "w0", "w1"]), st.sampled_from(sorted(DRAWS))),
+        max_size=40,
+    )
+)
+def test_workers_keeping_their_generators_in_place_draw_the_same(steps):
+    """A Ray actor's way (`activate(keep=True)`, the process's own calls putting its
+    generators back first): the numbers of saving and restoring every state around each call,
+    whatever the order of calls and draws."""
+    check_switching(steps, DRAWS, _constructor_draws, keep=True)
+
+
+def test_a_worker_called_again_keeps_its_generators_without_switching(monkeypatch):
+    """With `keep=True` the worker's next call finds its generators in place: no raw read or
+    write at all, where switching in and out reads every generator twice a call."""
+    seed_everything(4)
+    worker = WorkerState(context(0), get_rng_state())
+    switch = rng_switch()
+    try:
+        with worker.activate(keep=True):
+            random.random()
+        moves: list[str] = []
+        original = switch._switch
+        monkeypatch.setattr(
+            switch, "_switch", lambda a, b: moves.append("switch") or original(a, b)
+        )
+        for _ in range(5):
+            with worker.activate(keep=True):
+                random.random()
+        assert moves == []
+        WorkerState.restore_process_generators()  # the process's own call: one switch
+        assert moves == ["switch"] and switch.installed is switch.host
+        WorkerState.restore_process_generators()  # already in place: nothing
+        assert moves == ["switch"]
+    finally:
+        WorkerState.restore_process_generators()
+
+
 def test_a_call_whose_parties_drew_nothing_copies_no_state(monkeypatch):
     """The per-call cost: raw reads and writes, no python/numpy state copies or sets, whether
     the worker drew or not (CPython and numpy 2 here: their raw paths are found)."""

@@ -155,6 +155,28 @@ def test_colocated_objects_draw_what_processes_of_their_own_draw(run):
     assert len({repr(x) for x in shared}) == 4  # each call drew new numbers
 
 
+def test_roles_called_in_runs_draw_what_processes_of_their_own_draw(run):
+    """A later role's generators stay in its process's place after its call (its next call
+    switches nothing), and the first role's call puts the process's own back first: runs of
+    calls to one role, then the other, draw what each draws in processes of its own."""
+    first, second = TorchRole(remote_group="g"), TorchRole(remote_group="g")  # slots 0 and 1
+    first_alone, second_alone = TorchLoner(remote_group="g"), TorchLoner(remote_group="g")
+    shared, own, of_first = [], [], []
+    for role, alone, times in (
+        (second, second_alone, 3),
+        (first, first_alone, 2),
+        (second, second_alone, 1),
+        (first, first_alone, 3),
+    ):
+        for _ in range(times):
+            shared.append(role.draws()())
+            own.append(alone.draws()())
+            if role is first:
+                of_first.append(repr(shared[-1]))
+    assert shared == own
+    assert len(set(of_first)) == 5  # each call drew new numbers
+
+
 def test_a_failed_constructor_leaves_the_group_usable(run):
     a = Role("a", remote_group="g")
     with pytest.raises(ValueError, match="broken on purpose"):

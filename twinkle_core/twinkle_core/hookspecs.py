@@ -109,7 +109,7 @@ def twinkle_random_generators() -> list[Any] | None:
     """Return this plugin's random generators as `twinkle_core.plugin.RandomGenerator`s.
 
     A process hosting several workers (colocated roles on Ray, the driver and its workers
-    under torchrun, in-process workers) switches their generators around each call; a
+    under torchrun, in-process workers) switches their generators for each call; a
     generator given here is switched by fingerprint (only what changed is saved and set)
     instead of being copied through `twinkle_get_rng_state`/`twinkle_set_rng_state` twice
     per call. Its `owns(key)` must claim every key this plugin's `twinkle_get_rng_state`

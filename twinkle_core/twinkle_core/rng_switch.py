@@ -301,7 +301,8 @@ class RngParty:
 
 
 class RngSwitch:
-    """Puts one party's generators in place at a time; the process's own between calls.
+    """Puts one party's generators in place at a time; the process's own between calls,
+    unless a worker keeps its own in place (`WorkerState.activate(keep=True)`, a Ray actor).
 
     Not thread-safe on its own, as the generators it moves are not: a backend runs one call
     at a time per process (or per worker sharing it), and nested calls (a worker calling

@@ -61,8 +61,15 @@ class WorkerState:
         return None
 
     @contextlib.contextmanager
-    def activate(self) -> Iterator[WorkerContext]:
-        """Run the block as this worker; the caller's generators are back afterwards."""
+    def activate(self, *, keep: bool = False) -> Iterator[WorkerContext]:
+        """Run the block as this worker; the caller's generators are back afterwards.
+
+        `keep=True` leaves this worker's generators in place after the block (where the
+        switch moves them all), for a process that runs nothing but its workers' calls (a
+        Ray actor hosting colocated roles): the same worker's next call then switches
+        nothing, and a call of the process's own first worker puts the process's generators
+        back first (`restore_process_generators`). A process that runs other code between
+        calls (a driver) must not keep."""
         found = self.party()
         if found is not None:
             switch, party = found
@@ -71,7 +78,8 @@ class WorkerState:
                 with worker_context(self.context) as ctx:
                     yield ctx
             finally:
-                switch.leave(party, previous)
+                if not keep:
+                    switch.leave(party, previous)
             return
         outer = get_rng_state()
         if self._rng_state is not None:
@@ -82,6 +90,14 @@ class WorkerState:
         finally:
             self._rng_state = get_rng_state()
             set_rng_state(outer)
+
+    @staticmethod
+    def restore_process_generators() -> None:
+        """Put the process's own generators back in place, if a worker kept its own there
+        (`activate(keep=True)`); costs an attribute check when none did."""
+        switch = rng_switch()
+        if switch.installed is not switch.host:
+            switch.enter(switch.host)
 
     @classmethod
     def construct(

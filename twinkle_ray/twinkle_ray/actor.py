@@ -12,7 +12,9 @@ method per method of that class, so its calls travel as `handle.<method>.remote(
 **kwargs)`: exactly the arguments the user's method takes and nothing else (every extra
 argument of a Ray call costs serialization on both sides). The group's later objects are built
 in the same actors (`_tw_construct_more`, slot 1, 2, ...), each seeded as a fresh worker with
-generators of its own that are switched in around its calls (`WorkerState`), and are called by
+generators of its own that are switched in for its calls (`WorkerState`: left in place after a
+call, so a role called many times in a row switches once; slot 0's call puts the process's
+back), and are called by
 name (`_tw_call(key, ...)`, one key naming the slot and the method: `call_key`). Twinkle's own
 methods and attributes are named `_tw_*`.
 """
@@ -91,6 +93,9 @@ class TwinkleActor:
         #: slot 0, whose context and generators are the process's own).
         self._tw_slots: list[tuple[Any, str, WorkerState | None]] = []
         self._tw_refused: BaseException | None = None  # why `_tw_hello` failed, if it did
+        #: Whether a later slot's call ran (its generators may be in place: slot 0's calls
+        #: then put the process's back first).
+        self._tw_kept = False
         WRITE_GUARD.on = True  # notice in-place writes into received object-store views
         _tracing.start_actor(boot.group, boot.class_name, boot.rank)  # trace, stack probe
 
@@ -231,9 +236,15 @@ class TwinkleActor:
         start = now_ns() if rec is not None else 0
         try:
             if state is None:
+                if self._tw_kept:  # a later slot's generators may be in place
+                    WorkerState.restore_process_generators()
                 value = getattr(instance, method)(*args, **kwargs)
             else:
-                with state.activate():
+                # Nothing but calls runs in this process: the role's generators stay in place
+                # after the call, and its next call (the common case: a role called many
+                # times in a row) switches nothing.
+                self._tw_kept = True
+                with state.activate(keep=True):
                     value = getattr(instance, method)(*args, **kwargs)
         except BaseException as exc:
             _raise_portable(exc, method, self._tw_boot.rank)

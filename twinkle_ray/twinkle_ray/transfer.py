@@ -35,7 +35,7 @@ import ray
 
 from twinkle_core.plugin import is_array_like
 
-from .transports import Held
+from .transports import Held, decide, fetch_ref, hold, keep, receive
 
 _registered = threading.local()
 _lock = threading.Lock()
@@ -339,8 +339,6 @@ def pack_result(
         return value
     why = None
     if transport != "object_store":
-        from .transports import decide, hold, keep
-
         chosen, skeleton, tensors, why = decide(transport, value, method)
         if chosen != "object_store":
             return hold(chosen, skeleton, tensors, result_meta(value), transport == "auto")
@@ -364,8 +362,6 @@ def opened_ref(value: Any) -> Any:
     its holder)."""
     if type(value) is Stored:
         return value.ref
-    from .transports import fetch_ref
-
     return fetch_ref(value)
 
 
@@ -675,8 +671,6 @@ def _fetch_all(refs: list) -> list[Any]:
     values = ray.get(refs)
     held = [i for i, v in enumerate(values) if is_envelope(v) and type(v) is not Stored]
     if held:
-        from .transports import receive
-
         for i in held:  # in the order the driver queued their sends (transports.py)
             values[i] = receive(values[i])
     stored = [i for i, v in enumerate(values) if type(v) is Stored]
