@@ -200,8 +200,9 @@ class TwinkleActor:
         **kwargs: Any,
     ) -> bool:
         """Build another object of the group in this process, in slot `slot`: seeded as a
-        fresh worker would be, with generators of its own; the process's (slot 0's) are left
-        as they were. Costs the object's `__init__` and nothing else."""
+        fresh worker would be, with generators of its own; the generators in place (the
+        process's, or the last role's called) are left as they were. Costs the object's
+        `__init__` and nothing else."""
         if len(self._tw_slots) > slot:
             raise RuntimeError(
                 f"actor of group {self._tw_boot.group!r} rank {self._tw_boot.rank} holds "
@@ -226,8 +227,9 @@ class TwinkleActor:
     def _tw_run(self, method: str, args: tuple, kwargs: dict, slot: int = 0) -> Any:
         """Run one method of the object in `slot`; its result, large ones as a `Stored`
         envelope (or a `Held` one when a device-direct transport carries it:
-        `transfer.pack_result`). A later slot runs as its own worker: its context and
-        generators are swapped in around the call."""
+        `transfer.pack_result`). A later slot runs as its own worker: its context is set
+        around the call and its generators are switched in for it (and left in place after
+        it: slot 0's call puts the process's back first)."""
         instance, class_name, state = self._tw_slots[slot]
         seen = WRITE_GUARD.start()  # large tensors received as object-store views
         if _writable_args(type(instance), method):
