@@ -362,14 +362,7 @@ def invoke(
     rec = _trace.RECORDER  # None unless a trace is recorded: all the off path costs
     if rec is not None:
         call_id, traced_at = rec.begin_call()
-    if spec.execute == "all":  # the common case: `target_ranks` and `call_mesh`, inline
-        targets = list(range(workers.size))
-        mesh = workers.device_mesh
-        if mesh.world_size != len(targets):
-            mesh = DeviceMesh.from_sizes(dp_size=len(targets))
-    else:
-        targets = target_ranks(spec.execute, workers)
-        mesh = call_mesh(targets, workers)
+    targets = target_ranks(spec.execute, workers)
     prepared = PreparedCall(spec.name, dispatcher)
     # Plain data (a config dict, token ids) holds no LazyCollect: not walked (`plain.py`).
     if args:
@@ -379,6 +372,7 @@ def invoke(
             args = _resolve_lazy(args, workers, prepared)
     if kwargs and not is_plain_data(kwargs):
         kwargs = _resolve_lazy(kwargs, workers, prepared)
+    mesh = call_mesh(targets, workers)
     per_worker = dispatcher.dispatch(args, kwargs, len(targets), mesh)
     if not isinstance(per_worker, list) or len(per_worker) != len(targets):
         raise ConfigurationError(

@@ -76,12 +76,7 @@ _UNKNOWN = CallSite("<unknown>", 0, "<unknown>")
 def user_call_site(skip: int = 1) -> CallSite:
     """The innermost frame outside twinkle's packages, starting `skip` frames above the caller."""
     frame: FrameType | None = sys._getframe(skip)
-    while frame is not None:
-        # `is_internal_frame`, its cache read inline for the common case (the first frame is
-        # the user's, already known): this runs on every call.
-        internal = _INTERNAL_CODE.get(frame.f_code)
-        if not (is_internal_frame(frame) if internal is None else internal):
-            break
+    while frame is not None and is_internal_frame(frame):
         frame = frame.f_back
     if frame is None:
         return _UNKNOWN

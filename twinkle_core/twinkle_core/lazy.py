@@ -143,10 +143,7 @@ class LazyCollect:
                     raise
                 self._resolve = None  # drop references to pending work
                 self._is_done = None
-                calls = self._watched  # `_unwatch()`, inline: this runs on every call
-                if calls is not None:  # after `_value`: a look that missed it sees it
-                    self._watched = None
-                    calls.pop(id(self), None)
+                self._unwatch()  # after `_value`: a look that missed it sees it
             return self._value
         finally:
             if self._value is not _UNSET or self._error is not None:

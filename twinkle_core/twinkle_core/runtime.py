@@ -245,9 +245,7 @@ class Runtime:
         if self._watcher is None:
             self._start_watching()
         with self._lock:
-            # `lazy.watch(self._pending, now)`, inline: this runs on every call.
-            lazy._since, lazy._watched = now, self._pending
-            self._pending[id(lazy)] = lazy
+            lazy.watch(self._pending, now)
             look = now >= self._next_look
             if look:
                 self._next_look = now + self.LOOK_EVERY_S
