@@ -34,6 +34,8 @@ from .plugin_factory import make_plugin
 # TypeError, one hands numpy arrays to a torch-only collective; and one without collective groups.
 BROKEN = """
 import copy
+import io
+import types
 
 import numpy as np
 
@@ -109,6 +111,33 @@ class RawCopyError(InProcessBackend):
         return RawCopyGroup(super().create_workers(*args, **kwargs))
 
 
+# Sends a stand-in for a result tied to the worker's process (Ray before this check): a
+# generator's first item, a StringIO copy of an open file.
+def stand_in(value):
+    if isinstance(value, types.GeneratorType):
+        return next(value)
+    if isinstance(value, dict) and isinstance(value.get("out"), list):
+        return {"out": [io.StringIO(f.read()) for f in value["out"]]}
+    return value
+
+
+class StandInGroup(Wrapped):
+    def submit(self, call):
+        done = self.inner.submit(call)
+        return CompletedCall([stand_in(r) for r in done.results], done.failures)
+
+
+class StandInResults(InProcessBackend):
+    name = "stand-in-results"
+
+    def initialize(self, config):
+        super().initialize(config)
+        self.isolate = False  # the results as the workers returned them, then stood in for
+
+    def create_workers(self, *args, **kwargs):
+        return StandInGroup(super().create_workers(*args, **kwargs))
+
+
 # A member handing numpy arrays straight to torch.distributed (Ray before issue 30, item 3):
 # torch's raw TypeError.
 class TorchOnlyMember(Collective):
@@ -155,6 +184,7 @@ def register_backends(register):
     register("sum-for-mean", SumForMean)
     register("first-on-all", FirstOnAll)
     register("raw-copy-error", RawCopyError)
+    register("stand-in-results", StandInResults)
     register("torch-only-collectives", TorchOnlyCollectives)
     register("no-collectives", NoCollectives)
 """
@@ -215,7 +245,8 @@ def test_the_kit_has_at_least_twenty_named_checks():
         "error_value_error", "error_key_error", "error_os_error", "error_two_arg_init",
         "error_unpicklable_attribute", "timeout_per_method", "dispatch_wrong_share_count",
         "mesh_dp2_tp2_slice_dp", "mesh_dp2_tp2_reductions", "mesh_accessors",
-        "error_unsendable_argument", "wait_num_returns", "wait_loop_each_result_once",
+        "error_unsendable_argument", "error_unsendable_result", "wait_num_returns",
+        "wait_loop_each_result_once",
         "collective_numpy_broadcast",
     ):  # fmt: skip
         assert needed in names
@@ -360,6 +391,19 @@ def test_the_kit_fails_an_unsendable_argument_that_is_a_bare_type_error(broken_i
     ), report.failed[0].detail
 
 
+def test_the_kit_fails_a_stand_in_for_a_result_that_cannot_be_sent(broken_in_process):
+    """What Ray sent before: a generator's first item, an open file as a StringIO copy."""
+    report = run_checks("stand-in-results", select=["error_unsendable_result", "collect_sum"])
+    outcomes = {r.name: r.outcome for r in report.results}
+    assert outcomes == {"error_unsendable_result": FAILED, "collect_sum": PASSED}
+    detail = report.failed[0].detail
+    assert detail.startswith(
+        "generator_result() returning a generator on rank 1: expected TypeError starting "
+        "'[twinkle driver caller: twinkle-conformance-driver:2] the result of "
+        "Faulty.generator_result on rank 1 (generator) cannot be sent', got the value [0, 0]"
+    ), detail
+
+
 def test_the_kit_fails_collectives_that_refuse_numpy_arrays(broken_in_process):
     """Issue 30, item 3: what Ray raised before, torch's TypeError for a numpy array."""
     report = run_checks("torch-only-collectives", select=["collective_numpy_broadcast"])
@@ -384,8 +428,14 @@ def test_a_backend_sharing_the_drivers_objects_cannot_fail_to_send_an_argument()
         "inprocess", options={"isolate": False}, select=["error_unsendable", "collect_sum"]
     )
     outcomes = {r.name: r.outcome for r in report.results}
-    assert outcomes == {"error_unsendable_argument": NOT_APPLICABLE, "collect_sum": PASSED}
-    assert "hands workers the driver's own objects" in report.not_applicable[0].detail
+    assert outcomes == {
+        "error_unsendable_argument": NOT_APPLICABLE,
+        "error_unsendable_result": NOT_APPLICABLE,
+        "collect_sum": PASSED,
+    }
+    details = {r.name: r.detail for r in report.not_applicable}
+    assert "hands workers the driver's own objects" in details["error_unsendable_argument"]
+    assert "hands the driver the workers' own objects" in details["error_unsendable_result"]
 
 
 def test_the_kit_fails_a_wait_returning_every_finished_call(monkeypatch):

@@ -131,6 +131,22 @@ def format_remote_traceback(exc: BaseException) -> str:
     return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
 
 
+def unsendable_result(label: str, rank: int, value: object, why: str) -> TypeError:
+    """The failure of a rank whose result cannot travel back to the caller (a generator, an
+    open file, a lock, an object that does not pickle): the same words in every backend,
+    naming the method (`label`, "Class.method"), the rank and the result's type, never its
+    value. Backends make it that rank's `WorkerFailure` instead of sending something else (Ray
+    would send an open file as a `StringIO` copy) or failing outside the call."""
+    kind, name = type(value), type(value).__qualname__
+    if kind.__module__ != "builtins":
+        name = f"{kind.__module__}.{name}"
+    return TypeError(
+        f"the result of {label} on rank {rank} ({name}) cannot be sent back from its worker: "
+        f"{why}. Return plain data (numbers, strings, lists, dicts, arrays, tensors) and keep "
+        "what is tied to the worker's process (files, locks, generators) there"
+    )
+
+
 def add_note(exc: BaseException, note: str) -> None:
     """`exc.add_note(note)`: shown under the traceback (PEP 678)."""
     exc.add_note(note)

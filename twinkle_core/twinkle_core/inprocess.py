@@ -30,7 +30,7 @@ from .copying import copy_arguments
 from .device_group import DeviceGroup
 from .device_mesh import DeviceMesh
 from .errors import ConfigurationError
-from .failures import WorkerFailure
+from .failures import WorkerFailure, unsendable_result
 from .handoff import builtin_hand_off, colocated_source, hand_off_value, reference_memo
 from .platform import check_device_type
 from .worker import WorkerState, run_method
@@ -106,8 +106,16 @@ class InProcessWorkerGroup(WorkerGroup):
             if not ok:
                 failures.append(value)
                 continue
+            if self.isolate:
+                try:
+                    copied = copy.deepcopy(value)
+                except Exception as exc:  # a generator, an open file, a lock: that rank's failure
+                    label, why = f"{self.class_name}.{method}", f"{type(exc).__name__}: {exc}"
+                    error = unsendable_result(label, call.rank, value, why)
+                    failures.append(WorkerFailure(call.rank, error, node, ""))
+                    continue
             originals.append(value)
-            results.append(copy.deepcopy(value) if self.isolate else value)
+            results.append(copied if self.isolate else value)
         return InProcessCall(results, failures, originals)
 
 

@@ -57,6 +57,7 @@ from .failures import (
     WorkersFailedError,
     add_note,
     format_remote_traceback,
+    unsendable_result,
 )
 from .handoff import builtin_hand_off, hand_off_value, reference_memo
 from .health import RESTART, RESTARTING, TEAR_DOWN
@@ -168,6 +169,7 @@ __all__ = [
     "set_rng_state",
     "start_worker_trace",
     "thread_stacks",
+    "unsendable_result",
     "user_call_site",
     "user_stack",
     "waiting_for",

@@ -17,6 +17,7 @@ from twinkle_core.plugin import (
     WorkerFailure,
     WorkersFailedError,
     portable_exception,
+    unsendable_result,
 )
 
 _UNSET = object()
@@ -127,10 +128,7 @@ def encode(ok: bool, value: Any, rank: int, node: str | None, label: str) -> tup
     try:
         return pickle.dumps((True, value)), True
     except Exception as exc:
-        error = TypeError(
-            f"the result of {label} on rank {rank} ({type(value).__name__}) cannot be sent to "
-            f"the other torchrun processes: {type(exc).__name__}: {exc}"
-        )
+        error = unsendable_result(label, rank, value, f"{type(exc).__name__}: {exc}")
         return pickle.dumps((False, WorkerFailure(rank, error, node, ""))), False
 
 

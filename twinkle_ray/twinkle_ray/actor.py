@@ -41,9 +41,11 @@ from twinkle_core.plugin import (
     recorder,
     seed_everything,
     set_process_worker_context,
+    unsendable_result,
 )
 
 from . import tracing as _tracing
+from .payload_check import result_problem
 from .transfer import (
     WRITE_GUARD,
     is_large,
@@ -52,6 +54,9 @@ from .transfer import (
     register_tensor_serializer,
     writable_copies,
 )
+
+#: Results that hold nothing tied to this process: not looked into (`result_problem`).
+_SCALARS = frozenset({type(None), bool, int, float, str, bytes})
 
 #: Prefix of twinkle's own actor methods; user methods with it go through `_tw_call`.
 RESERVED_PREFIX = "_tw_"
@@ -258,6 +263,12 @@ class TwinkleActor:
             WRITE_GUARD.finish(seen, f"{class_name}.{method}")
         if not _tensors_registered:
             self._maybe_register_tensors()
+        if type(value) not in _SCALARS:  # a file or generator would travel as something else
+            why = result_problem(value)
+            if why is not None:
+                rank = self._tw_boot.rank
+                error = unsendable_result(f"{class_name}.{method}", rank, value, why)
+                _raise_portable(error, method, rank)
         if not is_large(value):  # most results: returned as they are, nothing more to decide
             return value
         transport = _transport(type(instance), method)

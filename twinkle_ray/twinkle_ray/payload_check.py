@@ -1,4 +1,4 @@
-"""Arguments Ray cannot ship faithfully fail early, named, and without their values.
+"""Arguments (and results) Ray cannot ship faithfully fail early, named, and without their values.
 
 Two kinds of argument go wrong on Ray when nothing checks them:
 
@@ -20,6 +20,11 @@ Wire both with one line in the backend's submit, around the shipping and the `.r
 
 Calls whose arguments are all plain data (`all_plain_data`: a config dict, token ids) need
 neither check and skip it.
+
+A worker's result is looked at the same way (`result_problem`, in the worker, for results
+that are not a plain scalar): Ray would send an open file back as a `StringIO` and a generator
+as its first item, where the in-process and torchrun backends fail that rank. A result that
+does not pickle at all fails in Ray's own serializer, as the same rank's failure.
 """
 
 from __future__ import annotations
@@ -164,6 +169,19 @@ def _check_one(class_name: str, method: str, index: int | str, value: Any) -> No
             f"{class_name}.{method}: {where} is {what} ({_type_name(bad)}), which cannot be "
             f"sent to a Ray worker; {fix}"
         )
+
+
+def result_problem(value: Any) -> str | None:
+    """Why `value`, a worker's result, cannot be sent back as it is: its part tied to the
+    worker's process (an open file, socket, lock, thread, generator), as "its ['out'][0] is an
+    open file"; None for anything else. Looked for as for arguments (`_scan`: a few type
+    checks, nothing pickled), so a dict of numbers costs a set of types."""
+    found = _scan(value, 0)
+    if found is None:
+        return None
+    path, _, what, _ = found
+    where = f"its {''.join(reversed(path))}" if path else "it"
+    return f"{where} is {what}"
 
 
 def _serialize(value: Any) -> None:

@@ -12,11 +12,13 @@ after a failure); remote classes live at module level so every backend's workers
 
 from __future__ import annotations
 
+import io
 import os
 import random
 import re
 import threading
 import time
+import types
 from typing import Any
 
 import numpy as np
@@ -528,6 +530,18 @@ class Faulty:
             raise LockedError("resource busy")
         return 0
 
+    @remote_function(dispatch="all", collect="none")
+    def generator_result(self):
+        if _rank() == 1:
+            return (i for i in range(3))
+        return 0
+
+    @remote_function(dispatch="all", collect="none")
+    def file_result(self):
+        if _rank() == 1:
+            return {"out": [open(os.devnull)]}  # the result under test: an open file
+        return 0
+
     @remote_function(dispatch="all", collect="none", timeout=0.5)
     def slow(self, seconds):
         time.sleep(seconds)
@@ -952,6 +966,52 @@ def check_error_unpicklable_attribute(run: Session) -> None:
     )
     _expect_tagged_message("LockedError", exc, "resource busy")
     _expect_failing_rank("LockedError", exc)
+
+
+def _is_process_bound(value: Any) -> bool:
+    """A generator, or a dict holding an open file (not an in-memory copy of one)."""
+    if isinstance(value, types.GeneratorType):
+        return True
+    if isinstance(value, dict) and isinstance(value.get("out"), list) and value["out"]:
+        item = value["out"][0]
+        return isinstance(item, io.IOBase) and not isinstance(item, (io.StringIO, io.BytesIO))
+    return False
+
+
+def check_error_unsendable_result(run: Session) -> None:
+    faulty = run.shared(Faulty, "two")
+    cases = [
+        ("generator_result() returning a generator on rank 1", "generator_result", "generator"),
+        ("file_result() returning {'out': [an open file]} on rank 1", "file_result", "dict"),
+    ]
+    shared = []
+    for what, name, type_name in cases:
+        start = f"{CALLER_TAG} the result of Faulty.{name} on rank 1 ({type_name}) cannot be sent"
+        try:
+            value = driver_call(getattr(faulty, name))()
+        except TypeError as exc:
+            expect_true(
+                f"{what}: a TypeError starting {start!r}", str(exc).startswith(start), str(exc)
+            )
+            _expect_failing_rank(what, exc)
+            continue
+        if isinstance(value, list) and len(value) == 2 and _is_process_bound(value[1]):
+            shared.append(what)  # the worker's own object: nothing was sent
+            continue
+        raise CheckFailed(
+            f"{what}: expected TypeError starting {start!r}, got the value {show(value)} (a "
+            "stand-in for what the worker returned: a copy of the file, or the generator's "
+            "first item)"
+        )
+    expect("quick(3) after those calls", faulty.quick(3)(), [3, 3])
+    if shared:
+        expect_true(
+            "both results refused, or both handed over as they are", len(shared) == 2, shared
+        )
+        raise NotApplicable(
+            f"mode {run.mode!r} hands the driver the workers' own objects (nothing is copied or "
+            "sent, e.g. isolate=False), so every result reaches the caller"
+        )
 
 
 def check_timeout_per_method(run: Session) -> None:
@@ -1516,6 +1576,14 @@ _CHECKS: tuple[Check, ...] = (
         "call site; a later call still works",
         TWO,
         check_timeout_per_method,
+    ),
+    Check(
+        "error_unsendable_result",
+        "a result that cannot be sent back (a generator, a dict holding an open file) is that "
+        "rank's TypeError naming the method, the rank and the type, never a stand-in; a later "
+        "call works",
+        TWO,
+        check_error_unsendable_result,
     ),
     Check(
         "error_unsendable_argument",
