@@ -38,6 +38,14 @@ def test_identical_stacks_are_printed_once_with_everyone_who_has_them():
     assert "driver: MainThread" in text
 
 
+def test_the_calling_threads_stack_ends_where_it_asked_not_inside_the_dump():
+    text = dump_stacks(file=io.StringIO())
+    block = next(b for b in text.split("--- ") if b.startswith("driver: MainThread"))
+    # The innermost frame is this test's own line: none of stacks.py's frames follow it.
+    assert block.rstrip().endswith("text = dump_stacks(file=io.StringIO())"), block
+    assert "twinkle_core/stacks.py" not in block, block
+
+
 def test_group_stacks_orders_the_most_shared_first():
     grouped = group_stacks([("a", "s1"), ("b", "s2"), ("c", "s1")])
     assert grouped == [(["a", "c"], "s1"), (["b"], "s2")]

@@ -84,7 +84,9 @@ def test_a_method_past_its_timeout_is_stopped_in_a_lone_process():
     try:
         busy = Busy(remote_group="default")
         start = time.monotonic()
-        with pytest.raises(CallTimeoutError, match=r"Busy\.spin: .*timeout=0\.5s"):
+        with pytest.raises(
+            CallTimeoutError, match=r"\] Busy\.spin on group 'default' did not .*timeout=0\.5s"
+        ):
             busy.spin(30)()
         assert time.monotonic() - start < 10  # stopped, not run for 30 s
         assert busy.draw()()[0] == 1  # the worker goes on

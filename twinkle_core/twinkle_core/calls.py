@@ -310,7 +310,9 @@ class CallSource(LazyCollect):
             workers, method, call_site = self.workers, self.method, self.call_site
             tag = CALLER_TAG.format(site=call_site)
             if exc.args and isinstance(exc.args[0], str) and not exc.args[0].startswith(tag):
-                exc.args = (f"{tag} {method}: {exc.args[0]}", *exc.args[1:])
+                text = exc.args[0]  # a backend's message may name the method itself
+                named = text if text.startswith(f"{method} ") else f"{method}: {text}"
+                exc.args = (f"{tag} {named}", *exc.args[1:])
             if not overran and (deadline is None or deadline >= _stacks.NOTE_MIN_TIMEOUT_S):
                 _stacks.note_for_timeout(exc, workers)  # where every worker is (stacks.py)
             raise

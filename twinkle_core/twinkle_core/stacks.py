@@ -52,8 +52,11 @@ def thread_stacks(skip_current: bool = True) -> list[tuple[str, str]]:
     me = threading.get_ident()
     out = []
     for ident, frame in frames.items():
-        if skip_current and ident == me:
-            continue
+        if ident == me:
+            if skip_current:
+                continue
+            while frame.f_back is not None and frame.f_code.co_filename == __file__:
+                frame = frame.f_back  # where this thread is, not this module's own frames
         thread = names.get(ident)
         name = thread.name if thread is not None else f"thread {ident}"
         if name.startswith(QUIET_THREADS):

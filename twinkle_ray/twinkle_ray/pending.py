@@ -388,7 +388,9 @@ class RayPendingCall(PendingCall):
                 raise CallTimeoutError(
                     f"{self.workers.class_name}.{self.method} on group "
                     f"{self.workers.group.name!r} did not finish within {timeout:g}s; "
-                    f"ranks still running: {running}"
+                    f"ranks still running: {running}. It keeps running there (wait on the "
+                    "call again for its result), and the next calls to those ranks start "
+                    "when it ends"
                 ) from None
             self._raise_failures()
         except Exception:
