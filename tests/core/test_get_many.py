@@ -125,3 +125,19 @@ def test_a_timeout_raises_the_running_calls_timeout():
 def test_bad_input_is_a_configuration_error_saying_what_to_do(bad, pattern):
     with pytest.raises(ConfigurationError, match=pattern):
         bad(_lazy(Plain(value=1)))
+
+
+@pytest.mark.parametrize("bad", [-1, -0.5, "5", True, [3]])
+def test_a_lazys_own_timeout_is_a_number_of_seconds_or_none(bad):
+    # A negative timeout meant "no limit" to Ray's ray.get and "now" to a lock: refused in
+    # every mode, before anything waits (the call here never finishes).
+    lazy = _lazy(Plain())
+    with pytest.raises(ConfigurationError, match=r"LazyCollect\(timeout=\.\.\.\) must be None or"):
+        lazy(timeout=bad)
+
+
+def test_a_lazys_timeout_may_be_any_real_number_type():
+    import numpy as np
+
+    lazy = _lazy(Plain(value=7))
+    assert lazy(timeout=np.float64(1.5)) == 7 and lazy(timeout=0) == 7 and lazy(3) == 7

@@ -47,3 +47,8 @@ def test_done_lists_calls_in_the_order_they_finished():
 def test_num_returns_zero_returns_at_once_with_nothing_done():
     lazies = [_finished(1)]
     assert wait(lazies, num_returns=0) == ([], lazies)
+
+
+def test_waiting_for_no_calls_returns_at_once_as_ray_wait_does():
+    assert wait([]) == ([], [])
+    assert wait([], num_returns=1, timeout=0) == ([], [])

@@ -17,6 +17,23 @@ _MAKE_LOCK = threading.Lock()
 COLLECT_ITSELF: Any = object()
 
 
+#: Timeout types accepted without a closer look (`check_timeout` looks at the others).
+_SECONDS = (float, int)
+
+
+def check_timeout(timeout: Any, function: str = "LazyCollect") -> None:
+    """Refuse a timeout that is not None or a number of seconds >= 0 (a negative one would
+    mean "no limit" to Ray and "now" to a lock); number types like numpy's floats pass."""
+    if timeout is not None and (
+        isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0
+    ):
+        from .errors import ConfigurationError
+
+        raise ConfigurationError(
+            f"{function}(timeout=...) must be None or a number of seconds >= 0, got {timeout!r}"
+        )
+
+
 class LazyCollect:
     """The not-yet-collected result of one remote call.
 
@@ -96,7 +113,10 @@ class LazyCollect:
         return lazy
 
     def __call__(self, timeout: float | None = None) -> Any:
-        """The collected value; raises the call's failure, or `CallTimeoutError` after `timeout`."""
+        """The collected value; raises the call's failure, or `CallTimeoutError` after `timeout`
+        seconds (None: no limit; 0: only if already finished)."""
+        if timeout is not None and (type(timeout) not in _SECONDS or timeout < 0):
+            check_timeout(timeout)
         self._observed = True
         return self._get(timeout)
 

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from .errors import CallTimeoutError, ConfigurationError
-from .lazy import LazyCollect, ask_many, fetch_many
+from .lazy import LazyCollect, ask_many, check_timeout, fetch_many
 
 _FIRST_SLEEP, _MAX_SLEEP = 0.001, 0.02
 
@@ -48,15 +48,6 @@ def _as_list(
     return items
 
 
-def _check_timeout(timeout: float | None, function: str) -> None:
-    if timeout is not None and (
-        isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0
-    ):
-        raise ConfigurationError(
-            f"{function}(timeout=...) must be None or a number of seconds >= 0, got {timeout!r}"
-        )
-
-
 def get(lazies: Iterable[LazyCollect], timeout: float | None = None) -> list[Any]:
     """The values of many calls, in the order given: as `ray.get` of a list of refs.
 
@@ -71,7 +62,7 @@ def get(lazies: Iterable[LazyCollect], timeout: float | None = None) -> list[Any
     items = _as_list(
         lazies, "get", repeats=True, for_one="call it for its value instead: lazy(timeout)"
     )
-    _check_timeout(timeout, "get")
+    check_timeout(timeout, "get")
     deadline = None if timeout is None else time.monotonic() + timeout
 
     def left() -> float | None:
@@ -94,11 +85,13 @@ def wait(
     Returns `(done, pending)` like `ray.wait`: at most `num_returns` finished calls in `done`,
     in the order they were seen finishing (calls seen in the same round in the order given),
     and every other call in `pending`, in the order given, finished ones included, so the
-    loop `ready, pending = wait(pending, num_returns=1)` loses none. A failed call counts as
-    done (calling it raises); nothing is collected here.
+    loop `ready, pending = wait(pending, num_returns=1)` loses none (and ends: `wait([])` is
+    `([], [])`). A failed call counts as done (calling it raises); nothing is collected here.
     """
     items = _as_list(lazies, "wait")
-    _check_timeout(timeout, "wait")
+    check_timeout(timeout, "wait")
+    if not items:  # as `ray.wait([])`: nothing to wait for, whatever num_returns says
+        return [], []
     if (
         isinstance(num_returns, bool)
         or not isinstance(num_returns, int)
@@ -137,7 +130,7 @@ def as_completed(
     seconds after the first `next()`, as `concurrent.futures.as_completed` does.
     """
     items = _as_list(lazies, "as_completed")
-    _check_timeout(timeout, "as_completed")
+    check_timeout(timeout, "as_completed")
     return _completed(items, timeout)
 
 
