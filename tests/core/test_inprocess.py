@@ -120,6 +120,30 @@ def test_plain_construction_is_a_local_object():
     assert c.value == 4
 
 
+def test_reading_a_workers_attribute_on_the_driver_says_where_the_state_is(run):
+    c = Counter(3, remote_group="g")
+    with pytest.raises(AttributeError) as info:
+        c.value  # noqa: B018 - set by Counter.__init__, which ran in the workers
+    message = str(info.value)
+    assert message.startswith("'Counter' object has no attribute 'value' on the driver: ")
+    assert "@remote_function(execute='first', collect='first') def get_value(self)" in message
+    assert info.value.name == "value" and info.value.obj is c
+    assert not hasattr(c, "value") and getattr(c, "missing", 7) == 7
+    # A local object, and a worker's own instance, keep Python's own words.
+    with pytest.raises(AttributeError, match=r"^'Counter' object has no attribute 'nope'$"):
+        Counter(1).nope  # noqa: B018
+
+
+class _OwnGetattr:
+    def __getattr__(self, name):
+        return f"own {name}"
+
+
+def test_a_class_with_its_own_getattr_keeps_it():
+    cls = remote_class()(type("Lookup", (_OwnGetattr,), {}))
+    assert cls.__getattr__ is _OwnGetattr.__getattr__ and cls().anything == "own anything"
+
+
 def test_slice_and_state(run):
     c = Counter(remote_group="g")
     assert c.add([1, 2, 3, 4])() == [2, 3, 4, 5]

@@ -230,6 +230,8 @@ def remote_class(
             )
 
         setattr(cls, "__init__", __init__)  # noqa: B010 - mypy rejects assigning a method
+        if not hasattr(cls, "__getattr__"):  # a class's own __getattr__ is left alone
+            setattr(cls, "__getattr__", _missing_attribute)  # noqa: B010
         setattr(
             cls,
             CLASS_ATTR,
@@ -249,6 +251,26 @@ def remote_class(
     if _cls is not None:
         return decorate(_cls)
     return decorate
+
+
+def _missing_attribute(self: Any, name: str) -> Any:
+    """An attribute the object does not have. On the driver side of a remote object (which
+    holds no state: its `__init__` ran in the workers) the error says where the state is and
+    how to read it; anywhere else it is Python's own error. Runs only for missing attributes."""
+    try:
+        bound = object.__getattribute__(self, "__dict__").get(BINDING_ATTR) is not None
+    except AttributeError:  # a class with __slots__: never a driver-side object
+        bound = False
+    kind = type(self).__name__
+    message = f"{kind!r} object has no attribute {name!r}"
+    if bound and not name.startswith("__"):
+        message += (
+            f" on the driver: a remote object's state lives in its workers ({kind}.__init__ "
+            "ran there, not here) and only its @remote_function methods run there. Read it "
+            "through one, e.g. @remote_function(execute='first', collect='first') def "
+            f"get_{name.lstrip('_')}(self): return self.{name}"
+        )
+    raise AttributeError(message, name=name, obj=self)
 
 
 def _reject_wrapped_remote_functions(cls: type) -> None:
