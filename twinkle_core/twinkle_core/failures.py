@@ -116,9 +116,18 @@ class CallFailure:
         return title, text
 
 
+def safe_str(exc: BaseException) -> str:
+    """`str(exc)`, or a stand-in when the exception's own `__str__` raises: reporting a failure
+    must never replace it with an error of its own."""
+    try:
+        return str(exc)
+    except Exception as err:
+        return f"<str() failed: {type(err).__name__}>"
+
+
 def _plain_message(exc: BaseException) -> str:
     """The exception's message without any twinkle caller tags."""
-    text = str(exc)
+    text = safe_str(exc)
     while text.startswith("[twinkle driver caller: "):
         end = text.find("] ")
         if end < 0:
@@ -177,7 +186,7 @@ def tag_call_site(exc: BaseException, site: object) -> BaseException:
         if not exc.args[0].startswith(tag):
             original = exc.args
             exc.args = (f"{tag} {exc.args[0]}",)
-            if not str(exc).startswith(tag):  # a __str__ that does not show args[0]
+            if not safe_str(exc).startswith(tag):  # a __str__ that does not show args[0]
                 exc.args = original
                 add_note(exc, tag)
         return exc

@@ -15,6 +15,7 @@ import sys
 from typing import Any
 
 from .errors import TwinkleError
+from .failures import safe_str
 
 
 class RemoteError(TwinkleError):
@@ -50,17 +51,11 @@ def _pickles(value: Any) -> bool:
 def _round_trips(exc: BaseException) -> bool:
     serializer = _serializer()
     try:
+        str(exc)  # a broken __str__ breaks the backend's own reporting too: carried instead
         back = serializer.loads(serializer.dumps(exc))
         return type(back) is type(exc) and len(back.args) == len(exc.args)
     except Exception:
         return False
-
-
-def _safe_str(exc: BaseException) -> str:
-    try:
-        return str(exc)
-    except Exception as err:  # a broken __str__ must not hide the original error
-        return f"<str() failed: {type(err).__name__}>"
 
 
 def _rebuild(
@@ -83,7 +78,7 @@ class PortableException(Exception):
     def __init__(self, exc: BaseException, traceback_text: str = "") -> None:
         cls = type(exc)
         self.type_name = f"{cls.__module__}.{cls.__qualname__}"
-        self.message = _safe_str(exc)
+        self.message = safe_str(exc)
         super().__init__(f"{self.type_name}: {self.message}")
         args = exc.args if _pickles(exc.args) else tuple(repr(a)[:200] for a in exc.args)
         attributes = getattr(exc, "__dict__", {})

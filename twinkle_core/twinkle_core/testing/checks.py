@@ -496,6 +496,13 @@ class LockedError(RuntimeError):
         self.lock = threading.Lock()
 
 
+class BrokenStrError(Exception):
+    """An exception whose own `__str__` raises: reporting it must not replace it."""
+
+    def __str__(self):
+        raise RuntimeError("this __str__ is broken")
+
+
 @remote_class()
 class Faulty:
     """Rank 1 raises exceptions of every shape, so they travel to the driver (and to rank 0)."""
@@ -528,6 +535,12 @@ class Faulty:
     def locked_error(self):
         if _rank() == 1:
             raise LockedError("resource busy")
+        return 0
+
+    @remote_function(dispatch="all", collect="none")
+    def broken_str_error(self):
+        if _rank() == 1:
+            raise BrokenStrError("code 7")
         return 0
 
     @remote_function(dispatch="all", collect="none")
@@ -966,6 +979,18 @@ def check_error_unpicklable_attribute(run: Session) -> None:
     )
     _expect_tagged_message("LockedError", exc, "resource busy")
     _expect_failing_rank("LockedError", exc)
+
+
+def check_error_broken_str(run: Session) -> None:
+    faulty = run.shared(Faulty, "two")
+    exc = expect_raises(
+        "broken_str_error() raising on rank 1 (an exception whose __str__ raises)",
+        lambda: driver_call(faulty.broken_str_error)(),
+        BrokenStrError,
+    )
+    expect("BrokenStrError.args", exc.args, ("code 7",))
+    _expect_tag_in_notes("BrokenStrError", exc)
+    _expect_failing_rank("BrokenStrError", exc)
 
 
 def _is_process_bound(value: Any) -> bool:
@@ -1569,6 +1594,13 @@ _CHECKS: tuple[Check, ...] = (
         "an exception holding a threading.Lock keeps its type",
         TWO,
         check_error_unpicklable_attribute,
+    ),
+    Check(
+        "error_broken_str",
+        "an exception whose own __str__ raises keeps its type and arguments, the call site in "
+        "its notes",
+        TWO,
+        check_error_broken_str,
     ),
     Check(
         "timeout_per_method",
