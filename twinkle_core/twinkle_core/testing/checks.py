@@ -927,70 +927,55 @@ def _expect_failing_rank(what: str, exc: BaseException) -> None:
         )
 
 
-def check_error_value_error(run: Session) -> None:
+def _raised_on_rank_1(run: Session, method: str, what: str, kind: type, *args: Any) -> Any:
+    """The exception `Faulty.<method>(*args)` raises on rank 1, as the caller gets it: of type
+    `kind`, with a note naming rank 1 (what else it must carry, each check says)."""
     faulty = run.shared(Faulty, "two")
     exc = expect_raises(
-        "value_error(7) raising on rank 1", lambda: driver_call(faulty.value_error, 7)(), ValueError
+        f"{method}({', '.join(map(repr, args))}) raising on rank 1{what}",
+        lambda: driver_call(getattr(faulty, method), *args)(),
+        kind,
     )
+    _expect_failing_rank(kind.__name__, exc)
+    return exc
+
+
+def check_error_value_error(run: Session) -> None:
+    exc = _raised_on_rank_1(run, "value_error", "", ValueError, 7)
     _expect_tagged_message("ValueError", exc, "bad batch 7")
-    _expect_failing_rank("ValueError", exc)
 
 
 def check_error_key_error(run: Session) -> None:
-    faulty = run.shared(Faulty, "two")
-    exc = expect_raises(
-        "key_error() raising on rank 1", lambda: driver_call(faulty.key_error)(), KeyError
-    )
+    exc = _raised_on_rank_1(run, "key_error", "", KeyError)
     expect("KeyError.args", exc.args, ("missing_key",))
     _expect_tag_in_notes("KeyError", exc)
-    _expect_failing_rank("KeyError", exc)
 
 
 def check_error_os_error(run: Session) -> None:
-    faulty = run.shared(Faulty, "two")
-    exc = expect_raises(
-        "os_error() raising on rank 1", lambda: driver_call(faulty.os_error)(), FileNotFoundError
-    )
+    exc = _raised_on_rank_1(run, "os_error", "", FileNotFoundError)
     expect("FileNotFoundError.errno", exc.errno, 2)
     expect("FileNotFoundError.strerror", exc.strerror, "No such file or directory")
     expect("FileNotFoundError.filename", exc.filename, "/nonexistent/twinkle.txt")
     _expect_tag_in_notes("FileNotFoundError", exc)
-    _expect_failing_rank("FileNotFoundError", exc)
 
 
 def check_error_two_arg_init(run: Session) -> None:
-    faulty = run.shared(Faulty, "two")
-    exc = expect_raises(
-        "two_arg_error() raising on rank 1",
-        lambda: driver_call(faulty.two_arg_error)(),
-        TwoArgError,
-    )
+    exc = _raised_on_rank_1(run, "two_arg_error", "", TwoArgError)
     expect("TwoArgError attributes (code, detail)", [exc.code, exc.detail], [42, "boom"])
     _expect_tagged_message("TwoArgError", exc, "42: boom")
-    _expect_failing_rank("TwoArgError", exc)
 
 
 def check_error_unpicklable_attribute(run: Session) -> None:
-    faulty = run.shared(Faulty, "two")
-    exc = expect_raises(
-        "locked_error() raising on rank 1 (an exception holding a threading.Lock)",
-        lambda: driver_call(faulty.locked_error)(),
-        LockedError,
-    )
+    what = " (an exception holding a threading.Lock)"
+    exc = _raised_on_rank_1(run, "locked_error", what, LockedError)
     _expect_tagged_message("LockedError", exc, "resource busy")
-    _expect_failing_rank("LockedError", exc)
 
 
 def check_error_broken_str(run: Session) -> None:
-    faulty = run.shared(Faulty, "two")
-    exc = expect_raises(
-        "broken_str_error() raising on rank 1 (an exception whose __str__ raises)",
-        lambda: driver_call(faulty.broken_str_error)(),
-        BrokenStrError,
-    )
+    what = " (an exception whose __str__ raises)"
+    exc = _raised_on_rank_1(run, "broken_str_error", what, BrokenStrError)
     expect("BrokenStrError.args", exc.args, ("code 7",))
     _expect_tag_in_notes("BrokenStrError", exc)
-    _expect_failing_rank("BrokenStrError", exc)
 
 
 def _is_process_bound(value: Any) -> bool:
