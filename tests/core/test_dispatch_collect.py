@@ -178,3 +178,41 @@ def test_concat_scalars_becomes_an_array():
 
 def test_mean_without_mesh_uses_every_result():
     assert C["mean"].collect([1.0, 2.0, 6.0], None) == 3.0
+
+
+_SHAPES = hnp.array_shapes(min_dims=0, max_dims=3, min_side=1, max_side=4)
+
+
+@given(st.lists(_SHAPES, min_size=2, max_size=5), st.sampled_from(["sum", "mean"]))
+def test_sum_and_mean_add_one_shape_and_refuse_shapes_that_differ(shapes, name):
+    # Element-wise, as an all-reduce: results of one shape add up; results whose shapes
+    # differ between workers (numpy would broadcast (1, 3) and (2, 3) into one) are refused.
+    results = [np.full(shape, float(i + 1)) for i, shape in enumerate(shapes)]
+    if len(set(shapes)) > 1:
+        with pytest.raises(ValueError, match=r"shapes differ between workers"):
+            C[name].collect(results, None)
+        return
+    total = sum(range(1, len(shapes) + 1))
+    expected = total if name == "sum" else total / len(shapes)
+    np.testing.assert_array_equal(C[name].collect(results, None), np.full(shapes[0], expected))
+
+
+@pytest.mark.parametrize(
+    "results",
+    [[[0], [1]], [(1, 2), (1, 2, 3)], ["a", "b"], [None, 1.0], [np.zeros(3), 1.0]],
+    ids=["lists", "tuples-of-two-lengths", "strings", "none", "array-beside-number"],
+)
+def test_sum_refuses_what_plus_would_join_or_broadcast(results):
+    with pytest.raises(ValueError, match=r"'\+' would join|shapes differ"):
+        C["sum"].collect(results, None)
+
+
+def test_sum_still_adds_objects_of_their_own_that_define_plus():
+    class Tally:
+        def __init__(self, n):
+            self.n = n
+
+        def __add__(self, other):
+            return Tally(self.n + other.n)
+
+    assert C["sum"].collect([Tally(1), Tally(2), Tally(4)], None).n == 7

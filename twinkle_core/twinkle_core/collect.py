@@ -138,7 +138,36 @@ class FlattenCollector(ShardCollector):
         return combine(reps, flatten_lists)
 
 
+#: Leaf types `sum` and `mean` refuse: `+` joins them (and tuples whose lengths differ reach
+#: the leaves whole), where the collectors promise an element-wise sum, as an all-reduce's.
+_JOINED = (list, tuple, str, bytes)
+
+
+def _check_addable(values: list) -> None:
+    """Refuse leaves that `+` would join or broadcast instead of adding element-wise: lists,
+    tuples, strings, None, and arrays or tensors whose shapes differ between workers (or an
+    array beside a plain number). Diverging workers are an error, never a mixed result."""
+    shapes = []
+    for value in values:
+        if value is None or isinstance(value, _JOINED):
+            kinds = sorted({type(v).__name__ for v in values})
+            raise ValueError(
+                f"cannot add results of type {', '.join(kinds)} element-wise ('+' would join "
+                "them); return numbers, arrays or tensors, or collect='flatten' or 'concat' "
+                "to join the workers' results"
+            )
+        shape = getattr(value, "shape", None)
+        shapes.append(() if shape is None else tuple(shape))
+    if len(set(shapes)) > 1:
+        raise ValueError(
+            f"cannot add results whose shapes differ between workers "
+            f"({', '.join(map(str, shapes))}): adding them would broadcast them into one "
+            "(an all-reduce refuses them); return results of one shape from every worker"
+        )
+
+
 def _sum_leaf(values: list) -> Any:
+    _check_addable(values)
     return functools.reduce(operator.add, values)
 
 

@@ -25,6 +25,7 @@ import numpy as np
 
 from twinkle_core import (
     CallTimeoutError,
+    CollectError,
     ConfigurationError,
     DeviceMesh,
     collective,
@@ -183,6 +184,16 @@ class Probe:
     @remote_function(dispatch="slice_dp", collect="sum")
     def shard_size_sum(self, batch):
         return len(batch)
+
+    @remote_function(dispatch="all", collect="sum")
+    def rows_sum(self):
+        """Rank r returns r+1 rows of 3 zeros: shapes that differ, which numpy would broadcast."""
+        return np.zeros((_rank() + 1, 3), dtype=np.float32)
+
+    @remote_function(dispatch="all", collect="sum")
+    def list_sum(self):
+        """Rank r returns [r]: lists, which `+` would join."""
+        return [_rank()]
 
     @remote_function(dispatch="slice_dp", collect="mean")
     def tp_skewed_mean(self, batch):
@@ -696,6 +707,22 @@ def check_collect_sum(run: Session) -> None:
     batch = [1, 2, 3, 4, 5, 6, 7]
     expect("shard_sum([1..7]) with collect='sum'", probe.shard_sum(batch)(), 28.0)
     expect("shard_size_sum([1..7]) with collect='sum'", probe.shard_size_sum(batch)(), 7)
+
+
+def check_collect_sum_refuses_what_it_cannot_add(run: Session) -> None:
+    probe = run.shared(Probe, "two")
+    cases = [
+        ("rows_sum() (shapes (1, 3) and (2, 3))", probe.rows_sum, "shapes differ"),
+        ("list_sum() ([0] and [1])", probe.list_sum, "'+' would join"),
+    ]
+    for what, method, words in cases:
+        exc = expect_raises(f"{what} with collect='sum'", lambda m=method: m()(), CollectError)
+        expect_true(
+            f"{what}: a CollectError saying {words!r}, never a joined or broadcast sum",
+            words in str(exc),
+            str(exc),
+        )
+    expect("shard_sum([1..7]) after those calls", probe.shard_sum([1, 2, 3, 4, 5, 6, 7])(), 28.0)
 
 
 def check_collect_first(run: Session) -> None:
@@ -1460,6 +1487,13 @@ _CHECKS: tuple[Check, ...] = (
     Check("collect_flatten", "collect='flatten': list results joined", TWO, check_collect_flatten),
     Check("collect_mean", "collect='mean' over data shards", TWO, check_collect_mean),
     Check("collect_sum", "collect='sum' over data shards", TWO, check_collect_sum),
+    Check(
+        "collect_sum_refuses_what_it_cannot_add",
+        "collect='sum' of arrays whose shapes differ, or of lists, is a CollectError, never a "
+        "broadcast or joined result",
+        TWO,
+        check_collect_sum_refuses_what_it_cannot_add,
+    ),
     Check("collect_first", "collect='first': rank 0's result", TWO, check_collect_first),
     Check(
         "collect_last_pp", "collect='last_pp' (and mean) on a pp=2 mesh", TWO, check_collect_last_pp
