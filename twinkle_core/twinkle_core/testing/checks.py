@@ -716,7 +716,11 @@ def check_collect_sum_refuses_what_it_cannot_add(run: Session) -> None:
         ("list_sum() ([0] and [1])", probe.list_sum, "'+' would join"),
     ]
     for what, method, words in cases:
-        exc = expect_raises(f"{what} with collect='sum'", lambda m=method: m()(), CollectError)
+
+        def collected(method: Any = method) -> Any:
+            return method()()
+
+        exc = expect_raises(f"{what} with collect='sum'", collected, CollectError)
         expect_true(
             f"{what}: a CollectError saying {words!r}, never a joined or broadcast sum",
             words in str(exc),
