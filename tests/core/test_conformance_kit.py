@@ -235,7 +235,7 @@ def test_the_kit_has_at_least_twenty_named_checks():
         "dispatch_all", "dispatch_slice", "dispatch_slice_dp", "dispatch_callable",
         "execute_all", "execute_first_collect_none", "execute_peer",
         "collect_none", "collect_flatten", "collect_mean", "collect_sum", "collect_first",
-        "collect_sum_refuses_what_it_cannot_add",
+        "sum_refuses_what_it_cannot_add",
         "collect_last_pp", "collect_concat", "collect_callable", "collect_dict_per_key",
         "collect_tuple_elementwise", "device_mesh_keyword", "device_mesh_positional",
         "device_mesh_default", "lazy_to_group_of_other_size", "lazy_to_constructor",

@@ -65,7 +65,7 @@ class Worker:
         total = float(np.sum(batch))
         return total if get_worker_context().rank == 0 else np.float64(total)
 
-    @remote_function(dispatch="slice_dp", collect="sum")
+    @remote_function(dispatch="slice_dp", collect="flatten")
     def lists(self, batch):
         return [x * 10 for x in batch]
 

@@ -709,7 +709,7 @@ def check_collect_sum(run: Session) -> None:
     expect("shard_size_sum([1..7]) with collect='sum'", probe.shard_size_sum(batch)(), 7)
 
 
-def check_collect_sum_refuses_what_it_cannot_add(run: Session) -> None:
+def check_sum_refuses_what_it_cannot_add(run: Session) -> None:
     probe = run.shared(Probe, "two")
     cases = [
         ("rows_sum() (shapes (1, 3) and (2, 3))", probe.rows_sum, "shapes differ"),
@@ -1492,11 +1492,11 @@ _CHECKS: tuple[Check, ...] = (
     Check("collect_mean", "collect='mean' over data shards", TWO, check_collect_mean),
     Check("collect_sum", "collect='sum' over data shards", TWO, check_collect_sum),
     Check(
-        "collect_sum_refuses_what_it_cannot_add",
+        "sum_refuses_what_it_cannot_add",
         "collect='sum' of arrays whose shapes differ, or of lists, is a CollectError, never a "
         "broadcast or joined result",
         TWO,
-        check_collect_sum_refuses_what_it_cannot_add,
+        check_sum_refuses_what_it_cannot_add,
     ),
     Check("collect_first", "collect='first': rank 0's result", TWO, check_collect_first),
     Check(
