@@ -150,6 +150,4 @@ def _reduce_placeholders(values: list, collector: Any) -> Any:
         isinstance(v, RemoteValue) and v.path == first.path for v in values
     ):
         return RemoteCollected([v.ref for v in values], collector, None, first.path)
-    if type(collector) is SumCollector and all(type(v) is list for v in values):
-        return [item for v in values for item in v]  # `+` of lists joins them
-    raise _Fallback
+    raise _Fallback  # lists and the like: the collector refuses them (core's `_check_addable`)
