@@ -45,7 +45,7 @@ from twinkle_core.plugin import (
 )
 
 from . import tracing as _tracing
-from .payload_check import result_problem
+from .payload_check import PLAIN_TYPES, result_problem
 from .transfer import (
     WRITE_GUARD,
     is_large,
@@ -54,9 +54,6 @@ from .transfer import (
     register_tensor_serializer,
     writable_copies,
 )
-
-#: Results that hold nothing tied to this process: not looked into (`result_problem`).
-_SCALARS = frozenset({type(None), bool, int, float, str, bytes})
 
 #: Prefix of twinkle's own actor methods; user methods with it go through `_tw_call`.
 RESERVED_PREFIX = "_tw_"
@@ -263,7 +260,7 @@ class TwinkleActor:
             WRITE_GUARD.finish(seen, f"{class_name}.{method}")
         if not _tensors_registered:
             self._maybe_register_tensors()
-        if type(value) not in _SCALARS:  # a file or generator would travel as something else
+        if type(value) not in PLAIN_TYPES:  # a file or generator would travel as something else
             why = result_problem(value)
             if why is not None:
                 rank = self._tw_boot.rank

@@ -106,14 +106,14 @@ def _name_like(key: Any) -> bool:
 
 
 #: Types that are never process-bound and hold nothing that could be: not looked into.
-_PLAIN = frozenset({int, float, complex, bool, str, bytes, type(None)})
+PLAIN_TYPES = frozenset({int, float, complex, bool, str, bytes, type(None)})
 
 
 def _all_plain(items: Any) -> bool:
     """Whether each of the first `SCAN_ITEMS` items (all that `_scan` would look at) is of a
     plain type: the set of types is made at C speed, so a config dict or a list of token ids
     costs almost nothing on every call."""
-    return set(map(type, itertools.islice(items, SCAN_ITEMS))) <= _PLAIN
+    return set(map(type, itertools.islice(items, SCAN_ITEMS))) <= PLAIN_TYPES
 
 
 #: Builtin containers: never process-bound themselves, so only their items are looked at.
@@ -125,7 +125,7 @@ def _scan(value: Any, depth: int) -> tuple[list[str], Any, str, str] | None:
     the part, what it is and the fix. The path is built only on a find: this runs on every
     call with arguments, and a config dict holding a list is the common case."""
     kind = type(value)
-    if kind in _PLAIN:
+    if kind in PLAIN_TYPES:
         return None
     if kind is dict:
         if _all_plain(value.values()) or depth >= SCAN_DEPTH:
