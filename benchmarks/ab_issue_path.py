@@ -80,7 +80,7 @@ class _AllStub(dict):
         super().__init__()
         self.stub = stub
 
-    def get(self, key: Any, default: Any = None) -> Any:
+    def __missing__(self, key: Any) -> Any:
         return self.stub
 
 

@@ -340,6 +340,18 @@ def test_a_call_without_arguments_is_a_task_without_arguments(run):
     assert len(pending.value_refs) == 4  # one reply per worker, no metadata twin
 
 
+def test_calls_are_submitted_past_rays_per_call_python(run):
+    """Every worker's task, the user's methods and twinkle's generic one alike, goes to Ray's
+    core worker directly (`submission.DirectMethod`: docs/ray.md, How a call is submitted)."""
+    from twinkle_ray.submission import DirectMethod
+
+    workers = _workers(run["four"])
+    for name in ("noop", "keywords", "_tw_call"):
+        for rank in range(4):
+            assert type(workers.actor_method(rank, name)) is DirectMethod, (name, rank)
+    assert run["four"].keywords(7, method="m")() == [[7, "m", None]] * 4
+
+
 def test_arguments_ray_cannot_ship_are_refused_before_sending(run, tmp_path):
     import threading
 

@@ -62,6 +62,7 @@ import ray.exceptions
 from twinkle_core import CallLostError
 
 from .deaths import actor_state
+from .submission import Submitters
 
 #: How long the driver waits for a relay to hand a single task on (`Route.submit`).
 SUBMIT_TIMEOUT_S = 120.0
@@ -156,6 +157,8 @@ class NodeRelay:
 
     def __init__(self, handles: list[Any], traced: bool = False, peers: list[Any] = ()) -> None:
         self._handles = list(handles)
+        #: What submits each (worker index, method), made once.
+        self._methods = Submitters(self._handles)
         #: The relays of the other nodes of this relay's branch, which it hands calls on to
         #: (`branch`); empty for a relay that is not the first of a branch.
         self._peers = list(peers)
@@ -217,7 +220,7 @@ class NodeRelay:
         try:
             for n, index in enumerate(indices):
                 args, kwargs = arguments if shared else arguments[n]
-                refs.append(getattr(self._handles[index], method).remote(*args, **kwargs))
+                refs.append(self._methods[index, method].remote(*args, **kwargs))
         except BaseException as exc:  # the workers got nothing of it: every slot fails
             return [], [RelayFailed(error=exc)] * len(indices)
         finally:
@@ -294,7 +297,7 @@ class NodeRelay:
         in a list (so Ray hands it on without waiting for it)."""
         await self._turn(seq)
         try:
-            return [getattr(self._handles[index], method).remote(*args, **kwargs)]
+            return [self._methods[index, method].remote(*args, **kwargs)]
         finally:
             self._advance()
 

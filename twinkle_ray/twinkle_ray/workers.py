@@ -55,6 +55,7 @@ from .placeholders import PLACEHOLDER_DISPATCHERS, build_placeholder
 from .read_ahead import ReadAhead
 from .relay import unregister
 from .shipping import ship_all
+from .submission import Submitters
 from .transfer import placeholder_refs, register_tensor_serializer
 from .transports import before_submit, held_replies
 
@@ -128,7 +129,6 @@ class RayWorkerGroup(WorkerGroup):
         #: Shared by every object colocated on the same actors: their calls reach every rank
         #: in one order too.
         self._send_lock = send_lock or threading.Lock()
-        self._methods: dict[tuple[int, str], Any] = {}
         #: Calls of this group whose workers all finished, not yet fetched (weak references,
         #: appended by `RayPendingCall.ask_many`): fetched together by `pending.fetch_finished`.
         self.finished: collections.deque = collections.deque()
@@ -149,14 +149,14 @@ class RayWorkerGroup(WorkerGroup):
     @handles.setter
     def handles(self, handles: list[Any]) -> None:
         self._handles = handles
-        self._methods = {}  # bound to the previous actors
+        self._methods = Submitters(handles)  # those bound to the previous actors are gone
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state.pop("_send_lock", None)
         state.pop("finished", None)
         state.pop("ahead", None)
-        state["_methods"] = {}
+        state["_methods"] = None  # made again from the handles (`__setstate__`)
         state["restarter"] = None
         state["rerouter"] = None
         state["health"] = None
@@ -166,17 +166,15 @@ class RayWorkerGroup(WorkerGroup):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+        self._methods = Submitters(self._handles)
         self._send_lock = threading.Lock()
         self.finished = collections.deque()
         self.ahead = None  # a worker calling this group: no runtime settles its calls
 
     def actor_method(self, rank: int, method: str) -> Any:
-        """The Ray actor method that runs `method` on worker `rank` (cached per handle)."""
-        key = (rank, method)
-        bound = self._methods.get(key)
-        if bound is None:
-            bound = self._methods[key] = getattr(self._handles[rank], method)
-        return bound
+        """What submits `method` on worker `rank` (cached per handle): `.remote(*args,
+        **kwargs)` returns the task's ObjectRef (`submission.actor_method`)."""
+        return self._methods[rank, method]
 
     # ------------------------------------------------------------------ failures
     def node_of(self, rank: int) -> str | None:
@@ -371,9 +369,7 @@ class RayWorkerGroup(WorkerGroup):
             if not has_remote and method in self.direct:
                 bound = self._methods  # `actor_method`'s cache, read inline: on every call
                 return [
-                    (bound.get((call.rank, method)) or self.actor_method(call.rank, method)).remote(
-                        *args, **kwargs
-                    )
+                    bound[call.rank, method].remote(*args, **kwargs)
                     for call, (args, kwargs) in zip(calls, shipped, strict=True)
                 ]
             key = call_key(self.slot, method, has_remote)
