@@ -62,7 +62,7 @@ import ray.exceptions
 from twinkle_core import CallLostError
 
 from .deaths import actor_state
-from .submission import Submitters
+from .submission import Submitters, actor_method
 
 #: How long the driver waits for a relay to hand a single task on (`Route.submit`).
 SUBMIT_TIMEOUT_S = 120.0
@@ -417,8 +417,10 @@ class Route:
         self._seq = [0] * len(relays)
         #: Each relay's `fanout` method, and each branch's first relay's `branch` method,
         #: looked up once (`handle.fanout` builds it anew).
-        self._fanouts = [relay.fanout for relay in relays]
-        self._branches = [relay.branch for relay in relays[::fanout]] if fanout > 1 else []
+        self._fanouts = [actor_method(relay, "fanout") for relay in relays]
+        self._branches = (
+            [actor_method(relay, "branch") for relay in relays[::fanout]] if fanout > 1 else []
+        )
         self._lock = threading.Lock()
 
     def _next(self, node: int) -> int:
