@@ -7,8 +7,11 @@ process holds the same results (or the same failures) as a Ray driver would.
 from __future__ import annotations
 
 import copy
+import io
 import pickle
 from typing import Any
+
+import cloudpickle
 
 from twinkle_core import CallTimeoutError, DeviceMesh, TwinkleError
 from twinkle_core.plugin import (
@@ -122,14 +125,39 @@ def portable_failure(failure: WorkerFailure) -> WorkerFailure:
 
 def encode(ok: bool, value: Any, rank: int, node: str | None, label: str) -> tuple[bytes, bool]:
     """Pickle one outcome: (bytes, whether they hold a result). An unpicklable result
-    becomes that rank's failure."""
+    becomes that rank's failure.
+
+    A result `pickle` cannot name (a closure, an instance of a class defined in the method)
+    goes by value with cloudpickle, as Ray sends every result, so it comes back in every mode
+    (conformance check `results_made_in_the_call`); `pickle.loads` reads either. Plain
+    `pickle` first: it is the fast path, and cloudpickle's only for what it refuses."""
     if not ok:
         return pickle.dumps((False, portable_failure(value))), False
     try:
         return pickle.dumps((True, value)), True
+    except Exception:
+        pass  # e.g. "Can't pickle local object": by value below, which says what really fails
+    try:
+        return _by_value((True, value)), True
     except Exception as exc:
         error = unsendable_result(label, rank, value, f"{type(exc).__name__}: {exc}")
         return pickle.dumps((False, WorkerFailure(rank, error, node, ""))), False
+
+
+class _ByValue(cloudpickle.Pickler):
+    """cloudpickle, but an open file is refused: cloudpickle would send it as a `StringIO`
+    copy of what is left to read, a stand-in the caller did not return."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, io.IOBase) and not isinstance(obj, (io.BytesIO, io.StringIO)):
+            raise TypeError(f"cannot pickle {type(obj).__qualname__!r} object (an open file)")
+        return super().reducer_override(obj)
+
+
+def _by_value(value: Any) -> bytes:
+    with io.BytesIO() as out:
+        _ByValue(out, protocol=pickle.HIGHEST_PROTOCOL).dump(value)
+        return out.getvalue()
 
 
 def decode(

@@ -117,6 +117,18 @@ class Probe:
     def all_args(self, items, scale, name=None):
         return [_rank(), items, scale, name]
 
+    @remote_function(dispatch="all", collect="none")
+    def made_here(self, k):
+        """Objects made in the call itself: a closure and an instance of a local class,
+        which only travel by value (nothing importable names them)."""
+        rank = _rank()
+
+        class Point:
+            def __init__(self, x: int) -> None:
+                self.x = x
+
+        return {"scale": lambda x: x * k + rank, "point": Point(rank)}
+
     @remote_function(dispatch="slice", collect="none")
     def slice_args(self, items, scale, pair):
         return [_rank(), items, scale, list(pair)]
@@ -1055,6 +1067,16 @@ def check_error_unsendable_result(run: Session) -> None:
         )
 
 
+def check_results_made_in_the_call(run: Session) -> None:
+    probe = run.shared(Probe, "two")
+    got = driver_call(probe.made_here, 10)()
+    expect("made_here(10): one result per rank", len(got), 2)
+    for rank, result in enumerate(got):
+        expect(f"rank {rank}'s closure scale(2)", result["scale"](2), 20 + rank)
+        expect(f"rank {rank}'s local class instance .x", result["point"].x, rank)
+        expect(f"rank {rank}'s local class name", type(result["point"]).__name__, "Point")
+
+
 def check_timeout_per_method(run: Session) -> None:
     faulty = run.shared(Faulty, "two")
     # @remote_function(timeout=0.5) on a 3 s call: 2.5 s of margin for a loaded machine.
@@ -1639,6 +1661,13 @@ _CHECKS: tuple[Check, ...] = (
         "call works",
         TWO,
         check_error_unsendable_result,
+    ),
+    Check(
+        "results_made_in_the_call",
+        "a closure or an instance of a class defined inside the method comes back usable, "
+        "by value (as Ray's cloudpickle sends it), in every mode",
+        TWO,
+        check_results_made_in_the_call,
     ),
     Check(
         "error_unsendable_argument",
