@@ -148,6 +148,30 @@ def test_nodes_of_the_two_node_cluster(cluster, on_session_cluster):
         assert node["object_store_memory_bytes"] == 100 * MIB
         assert len(node["node_id"]) > 8
     assert len({n["node_id"] for n in ray_cluster["nodes"]}) == 2
+    import ray
+
+    assert ray_cluster["direct_submission"] is True  # twinkle_ray.submission on this Ray
+    assert ray_cluster["driver_ray_version"] == ray.__version__
+    assert report["warnings"] == []
+
+
+def test_a_ray_without_direct_submission_is_a_warning_with_the_fix():
+    """What doctor says when this machine's Ray would take calls through `.remote()`."""
+    from twinkle_ray.doctor_probe import _health_warnings, _text
+
+    cluster = {
+        "address": "10.0.0.1:6379",
+        "alive_nodes": 1,
+        "totals": {"CPU": 4.0},
+        "nodes": [],
+        "direct_submission": False,
+        "driver_ray_version": "2.99.0",
+    }
+    (warning,) = _health_warnings(cluster)
+    assert warning["problem"].startswith("this machine's Ray (2.99.0) takes twinkle's calls")
+    assert "ray 2.60" in warning["fix"]
+    assert "  calls submitted through Ray's .remote() (Ray 2.99.0)" in _text(cluster)
+    assert _health_warnings({**cluster, "direct_submission": True}) == []
 
 
 def test_bare_ray_flag_connects_to_RAY_ADDRESS(cluster, on_session_cluster):
@@ -156,6 +180,7 @@ def test_bare_ray_flag_connects_to_RAY_ADDRESS(cluster, on_session_cluster):
     assert f"ray cluster  {cluster.address}" in result.stdout
     assert "2 live node(s); total CPU=12, GPU=8, NPU=8" in result.stdout
     assert "CPU 6  GPU 4  NPU 4" in result.stdout
+    assert "  calls submitted directly to Ray's core worker (Ray " in result.stdout
     assert result.stdout.rstrip().endswith("no problems found")
 
 
