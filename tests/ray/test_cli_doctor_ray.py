@@ -157,7 +157,7 @@ def test_nodes_of_the_two_node_cluster(cluster, on_session_cluster):
 
 def test_a_ray_without_direct_submission_is_a_warning_with_the_fix():
     """What doctor says when this machine's Ray would take calls through `.remote()`."""
-    from twinkle_ray.doctor_probe import _health_warnings, _text
+    from twinkle_ray.doctor_probe import _submission_warnings, _text
 
     cluster = {
         "address": "10.0.0.1:6379",
@@ -167,11 +167,11 @@ def test_a_ray_without_direct_submission_is_a_warning_with_the_fix():
         "direct_submission": False,
         "driver_ray_version": "2.99.0",
     }
-    (warning,) = _health_warnings(cluster)
+    (warning,) = _submission_warnings(cluster)
     assert warning["problem"].startswith("this machine's Ray (2.99.0) takes twinkle's calls")
     assert "ray 2.60" in warning["fix"]
     assert "  calls submitted through Ray's .remote() (Ray 2.99.0)" in _text(cluster)
-    assert _health_warnings({**cluster, "direct_submission": True}) == []
+    assert _submission_warnings({**cluster, "direct_submission": True}) == []
 
 
 def test_bare_ray_flag_connects_to_RAY_ADDRESS(cluster, on_session_cluster):

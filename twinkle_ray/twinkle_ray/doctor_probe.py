@@ -265,7 +265,7 @@ def _submission_warnings(cluster: dict[str, Any]) -> list[dict[str, str]]:
 
 def _health_warnings(cluster: dict[str, Any]) -> list[dict[str, str]]:
     """A group of a live run that is not serving calls (dead, or restarting)."""
-    out = _submission_warnings(cluster)
+    out = []
     for e in cluster.get("twinkle_runs") or []:
         if e.get("live") is False or e.get("state") == "healthy":
             continue
@@ -331,6 +331,8 @@ def probe(address: str, timeout: float) -> dict[str, Any]:
     return {
         "data": cluster,
         "problems": problems,
-        "warnings": _health_warnings(cluster) if cluster is not None else [],
+        "warnings": (
+            _submission_warnings(cluster) + _health_warnings(cluster) if cluster is not None else []
+        ),
         "text": _text(cluster) if cluster is not None else [],
     }

@@ -125,10 +125,7 @@ class DirectMethod:
     def _remote_with_keywords(self, args: tuple, kwargs: dict[str, Any]) -> Any:
         if _is_tracing_enabled() or "_ray_trace_ctx" in kwargs:
             return self.method.remote(*args, **kwargs)
-        values = list(kwargs.values())
-        if any(isinstance(a, ObjectRef) for a in args) or any(
-            isinstance(v, ObjectRef) for v in values
-        ):
+        if any(isinstance(v, ObjectRef) for v in (*args, *kwargs.values())):
             return self.method.remote(*args, **kwargs)
         shape = (len(args), tuple(kwargs))
         if shape not in self._shapes:
